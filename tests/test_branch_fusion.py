@@ -1,0 +1,131 @@
+"""BranchPreservingFusion: which call_tirs fuse, that joins stay apart, and that results do not change."""
+import numpy as np
+import pytest
+from tvm import relax
+
+import onnx_builders as ob
+from relay_passes import BranchPreservingFusion, DataflowGraph, plan_groups
+
+
+def graph_of(mod):
+    """The DataflowGraph of mod's main."""
+    return DataflowGraph.from_function(mod["main"], mod)
+
+
+def fused(mod):
+    """BranchPreservingFusion then FuseTIR: one PrimFunc per group."""
+    return relax.transform.FuseTIR()(BranchPreservingFusion()(mod))
+
+
+def kernel_names(mod):
+    """Callee names of main's call_tir bindings, in order."""
+    return [str(n.gvar.name_hint) for n in graph_of(mod).nodes if n.kind == "call_tir"]
+
+
+def callee_groups(mod):
+    """Planned groups as lists of callee names."""
+    g = graph_of(mod)
+    return [[str(g.nodes[i].gvar.name_hint) for i in grp] for grp in plan_groups(g)]
+
+
+def test_pass_is_registered_under_its_name():
+    assert BranchPreservingFusion().info.name == "BranchPreservingFusion"
+
+
+def test_join_add_is_not_fused_into_either_branch():
+    mod = ob.to_relax(ob.two_branch())
+    assert callee_groups(mod) == [["matmul", "relu"], ["matmul", "relu"], ["add"]]
+    assert kernel_names(fused(mod)) == ["fused_matmul_relu", "fused_matmul_relu", "add"]
+
+
+def test_tvm_fuse_ops_serialises_the_branches_we_keep_apart():
+    mod = ob.to_relax(ob.two_branch())
+    theirs = relax.transform.FuseTIR()(relax.transform.FuseOps()(mod))
+    ours = fused(mod)
+    assert [len(w) for w in graph_of(theirs).waves()] == [1, 1]
+    assert [len(w) for w in graph_of(ours).waves()] == [2, 1]
+
+
+def test_add_chain_fuses_into_the_first_add():
+    mod = ob.to_relax(ob.parallel_branches(16, join="add_chain"))
+    groups = callee_groups(mod)
+    assert groups[-1] == ["add"] * 15
+    assert groups[:-1] == [["matmul", "relu"]] * 16
+    out = fused(mod)
+    assert len(kernel_names(out)) == 17
+    assert [len(w) for w in graph_of(ob.gpu_schedule(out)).waves()] == [16, 1]
+
+
+def test_concat_join_stays_one_kernel_after_sixteen_branches():
+    out = fused(ob.to_relax(ob.parallel_branches(16, join="concat", act="Tanh")))
+    assert kernel_names(out) == ["fused_matmul_tir_tanh"] * 16 + ["concatenate"]
+
+
+def test_diamond_join_mul_stays_alone():
+    out = fused(ob.to_relax(ob.diamond()))
+    assert kernel_names(out) == ["matmul", "fused_matmul_tir_sigmoid", "fused_matmul_tir_tanh", "multiply"]
+
+
+def test_group_function_has_the_form_fuse_tir_expects():
+    mod = BranchPreservingFusion()(ob.to_relax(ob.two_branch(hidden=16)))
+    fn = mod["fused_matmul_relu"]
+    assert bool(fn.attrs["Primitive"]) and "global_symbol" not in fn.attrs
+    block = fn.body.blocks[0]
+    assert isinstance(block, relax.DataflowBlock) and len(block.bindings) == 2
+    assert [str(p.name) for p in fn.params] == ["x", "param_0"]
+    call = mod["main"].body.blocks[0].bindings[0].value
+    assert call.op.same_as(mod.get_global_var("fused_matmul_relu"))
+    assert call.args[1].ty.shape.values[0].value == 16
+
+
+def test_unfusable_bindings_pass_through_unchanged():
+    mod = ob.to_relax(ob.dynamic_batch())
+    assert callee_groups(mod) == [["matmul"], ["relu"]]
+    assert BranchPreservingFusion()(mod).same_as(mod)
+
+
+def test_tuple_outputs_tir_vars_and_extern_calls_are_never_fused():
+    mod = ob.mixed_relax_module()
+    assert all(len(grp) == 1 for grp in plan_groups(graph_of(mod)))
+    assert BranchPreservingFusion()(mod).same_as(mod)
+
+
+def test_non_dataflow_main_is_rejected():
+    bad = relax.transform.ToNonDataflow()(ob.to_relax(ob.two_branch(hidden=16)))
+    with pytest.raises(ValueError, match="ConvertToDataflow"):
+        BranchPreservingFusion()(bad)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fusion_never_delays_a_node(seed):
+    """Every node's kernel sits at a level no higher than the node had before fusion."""
+    mod = ob.to_relax(ob.random_dag(seed))
+    before = graph_of(mod)
+    after = graph_of(fused(mod))
+    level_after = {n.var: after.levels()[n.index] for n in after.nodes}
+    for grp in plan_groups(before):
+        last = before.nodes[grp[-1]].var
+        assert all(level_after[last] <= before.levels()[i] for i in grp)
+        assert len(grp) == 1 or all(before.nodes[i].kind == "call_tir" for i in grp)
+
+
+MODELS = {
+    "two_branch": lambda: ob.two_branch(),
+    "add_chain_16": lambda: ob.parallel_branches(16, join="add_chain", hidden=64),
+    "sum_4": lambda: ob.parallel_branches(4, join="sum", act="Sigmoid", hidden=64),
+    "concat_4": lambda: ob.parallel_branches(4, join="concat", act="Tanh", hidden=64),
+    "diamond": lambda: ob.diamond(),
+    **{f"random_dag_{s}": (lambda s=s: ob.random_dag(s)) for s in range(4)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fused_module_computes_what_onnxruntime_computes(name):
+    model = MODELS[name]()
+    feeds = ob.random_inputs(model)
+    mod = ob.to_relax(model)
+    reference = ob.run_onnxruntime(model, feeds)
+    for outs in (ob.run_tvm_cpu(mod, feeds), ob.run_tvm_cpu(fused(mod), feeds)):
+        assert len(outs) == len(reference)
+        for got, want in zip(outs, reference):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
