@@ -1,0 +1,240 @@
+"""RammerGroupRPrograms: waves -> rPrograms -> one persistent call_tir each.
+
+Input: a Relax module whose ``main`` is one dataflow block of ``call_tir`` bindings to dlight-scheduled
+PrimFuncs (after LegalizeOps, FoldConstant, BranchPreservingFusion, FuseTIR and dlight). Output: the
+same module where the operators of every rProgram chosen by the policy (Algorithm 1) are replaced by
+ONE ``call_tir`` to a persistent PrimFunc (``tvm_rammer.codegen.persistent``).
+
+Declines, leaving them as ordinary kernels between rPrograms with a logged reason: bindings that are
+not static-shape call_tirs of scheduled GPU kernels (library or extern calls, dynamic shapes) and
+kernels that ``tir_templates.prelower`` cannot turn into rTasks. An rProgram always ends before the
+wave of such an operator, so compilation never fails because one operator is unsupported.
+
+Must run after dlight (rKernels are the scheduled thread blocks) and before the dataflow lowering
+passes (it emits dataflow bindings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tir_templates.prelower import UnsupportedKernel, prelower
+from tir_templates.rtask_rewrite import instantiate
+from tvm_rammer import rkernels
+from tvm_rammer.codegen.persistent import (DispatchEntry, PersistentKernelSpec, TensorSlot,
+                                           build_persistent_func, encode_program, has_barriers)
+from tvm_rammer.config import RammerConfig
+from tvm_rammer.policy import OpGraph, schedule
+from tvm_rammer.resources import ResourceProbe
+
+from .dataflow_graph import DataflowGraph
+
+LOG = logging.getLogger("tvm_rammer")
+REPORT_ATTR = "rammer.report"
+
+
+@dataclass
+class _Plan:
+    """A policy plan together with the tensors and code of its persistent kernel."""
+
+    plan: object
+    nodes: list
+    first_wave: int
+    inputs: list
+    outputs: list
+    spec: PersistentKernelSpec
+    table: np.ndarray
+    func: tvm.tirx.PrimFunc
+
+
+def _static_shape(tensor) -> tuple:
+    return tuple(int(d) for d in tensor.shape)
+
+
+def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, vdevice):
+    """rOperators for every placeable node; unplaceable nodes get their reason logged."""
+    ops, skipped = {}, {}
+    for node in graph.nodes:
+        if node.kind == "alias":
+            continue
+        if not node.placeable:
+            skipped[node.index] = node.reason
+            continue
+        try:
+            lowered = prelower(mod[node.gvar], target, name=node.gvar.name_hint)
+        except UnsupportedKernel as err:
+            skipped[node.index] = str(err)
+            continue
+        ops[node.index] = rkernels.operator_from_kernel(node.index, node.gvar.name_hint,
+                                                        mod[node.gvar], lowered, config, vdevice)
+    for index, reason in skipped.items():
+        LOG.info("tvm-rammer: %s stays an ordinary kernel: %s", graph.nodes[index].name, reason)
+    return ops, skipped
+
+
+def _op_graph(graph: DataflowGraph, ops: dict, skipped: dict) -> OpGraph:
+    """The policy's view: placeable operators by wave, their placeable preds, forced split waves."""
+    waves, split_before = [], set()
+    for w, wave in enumerate(graph.waves()):
+        waves.append([i for i in wave if i in ops])
+        if any(i in skipped for i in wave):
+            split_before.add(w)
+    preds = {i: [p for p in graph.nodes[i].preds if p in ops] for i in ops}
+    return OpGraph(ops=ops, preds=preds, waves=waves, split_before=split_before)
+
+
+def _plan_tensors(graph: DataflowGraph, node_ids: list):
+    """(inputs, outputs) of an rProgram: every tensor read from outside, every tensor produced."""
+    produced, inputs = [], []
+    members = set(node_ids)
+    for i in node_ids:
+        for t in graph.nodes[i].outputs:
+            if t not in produced:
+                produced.append(t)
+    for i in node_ids:
+        for t in graph.nodes[i].inputs:
+            if t.producer not in members and t not in inputs:
+                inputs.append(t)
+    return inputs, produced
+
+
+def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, ops: dict,
+              config: RammerConfig):
+    """The persistent kernel's code-relevant description for one rProgram."""
+    inputs, outputs = _plan_tensors(graph, node_ids)
+    tensors = inputs + outputs
+    slots = [TensorSlot(f"t{k}_{t.dtype}", _static_shape(t), t.dtype) for k, t in enumerate(tensors)]
+    entries = []
+    for i in node_ids:
+        node = graph.nodes[i]
+        kernel = ops[i].kernels[selected[i]].payload
+        index = tuple(tensors.index(t) for t in [*node.inputs, *node.outputs])
+        entries.append(DispatchEntry(kernel, index))
+    threads = max(e.kernel.threads for e in entries)
+    veu_threads = -(-threads // 32) * 32
+    spec = PersistentKernelSpec(name=name, tensors=tuple(slots), num_inputs=len(inputs),
+                                entries=tuple(entries), veu_threads=veu_threads,
+                                spin_limit=config.spin_limit)
+    return spec, inputs, outputs
+
+
+def _emit_order(graph: DataflowGraph, plans: list, levels: list, planned: set) -> list:
+    """Segments (plans and leftover bindings) in an order where every input is defined first."""
+    segments = [((p.first_wave, 1, k), ("plan", p)) for k, p in enumerate(plans)]
+    for node in graph.nodes:
+        if node.index in planned:
+            continue
+        rank = 2 if node.kind == "alias" else 0
+        segments.append(((levels[node.index], rank, node.index), ("node", node)))
+    return [seg for _, seg in sorted(segments, key=lambda s: s[0])]
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Re-emits main's dataflow block: one call_tir per rProgram, other bindings unchanged."""
+
+    def __init__(self, mod, graph, segments):
+        super().__init__(mod)
+        self.graph, self.segments = graph, segments
+        self.done = False
+
+    def visit_var_binding_(self, binding):
+        if self.done:
+            return
+        self.done = True
+        for kind, item in self.segments:
+            if kind == "plan":
+                self._emit_plan(item)
+            else:
+                self._emit_node(item)
+
+    def _emit(self, var, value):
+        bb = self.builder_
+        new = bb.emit(value, name_hint=var.name) if isinstance(var, relax.DataflowVar) \
+            else bb.emit_output(value, name_hint=var.name)
+        self.set_var_remap(var, new)
+        return new
+
+    def _emit_node(self, node):
+        binding = self.graph.block.bindings[node.index]
+        self._emit(binding.var, self.visit_expr(binding.value))
+
+    def _emit_plan(self, p: _Plan):
+        bb = self.builder_
+        gv = bb.add_func(p.func, p.spec.name)
+        args = [self.visit_expr(t.expr) for t in p.inputs] + [relax.const(p.table, "int32")]
+        out_sinfo = [relax.TensorType(_static_shape(t), t.dtype) for t in p.outputs]
+        out_sinfo.append(relax.TensorType((p.func.attrs["rammer.num_veus"] + 1,), "int32"))
+        call = bb.emit(relax.call_tir(gv, relax.Tuple(args), out_sinfo), name_hint=p.spec.name)
+        new_of = {t: relax.TupleGetItem(call, k) for k, t in enumerate(p.outputs)}
+        for i in p.nodes:
+            node = self.graph.nodes[i]
+            items = [new_of[t] for t in node.outputs]
+            value = items[0] if len(items) == 1 else relax.Tuple(items)
+            self._emit(self.graph.block.bindings[i].var, value)
+
+
+def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Plan:
+    """Code for one rProgram; re-placed when the compiled kernel's registers change its occupancy."""
+    node_ids = list(plan.ops)
+    spec, inputs, outputs = _spec_for(f"rammer_rprogram{k}", graph, node_ids, plan.selected,
+                                      op_graph.ops, config)
+    registers = probe.registers(spec, target)
+    if registers is not None and vdevice.occupancy(spec.veu_threads, registers,
+                                                   spec.shared_bytes) != plan.veus_per_sm:
+        plan = rkernels.replace_plan(plan, op_graph, registers, vdevice, config)
+    # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
+    num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
+    table = encode_program(plan.program, {op: d for d, op in enumerate(node_ids)}, num_veus)
+    func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
+                                 instantiate)
+    report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
+    func = func.with_attr(REPORT_ATTR, json.dumps(report))
+    first_wave = min(graph.levels()[i] for i in node_ids)
+    return _Plan(plan, node_ids, first_wave, inputs, outputs, spec, table, func)
+
+
+@tvm.transform.module_pass(opt_level=0, name="RammerGroupRPrograms")
+class RammerGroupRPrograms:
+    """Replace the operators of each rProgram by one call_tir to its persistent kernel.
+
+    Parameters
+    ----------
+    config: RammerConfig
+        Policy, vDevice and codegen options.
+    """
+
+    def __init__(self, config: RammerConfig | None = None):
+        self.config = config or RammerConfig()
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None or target.kind.name != "cuda":
+            raise ValueError("RammerGroupRPrograms needs a CUDA target in scope "
+                             f"(got {target}); run it inside `with rammer_target(...)`")
+        config = self.config
+        vdevice = rkernels.vdevice_for(target, config)
+        graph = DataflowGraph.from_function(mod["main"], mod)
+        ops, skipped = _collect_operators(graph, mod, target, config, vdevice)
+        if not ops:
+            LOG.info("tvm-rammer: no operator can become rTasks; module left unchanged")
+            return mod
+        op_graph = _op_graph(graph, ops, skipped)
+        plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice))
+        probe = ResourceProbe(enabled=config.measure_resources)
+        built = [_build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
+                 for k, plan in enumerate(plans)]
+        planned = {i for p in built for i in p.nodes}
+        segments = _emit_order(graph, built, graph.levels(), planned)
+        rewriter = _Rewriter(mod, graph, segments)
+        main_gv = mod.get_global_var("main")
+        new_main = rewriter.visit_expr(mod["main"])
+        rewriter.builder_.update_func(main_gv, new_main)
+        new_mod = rewriter.builder_.get()
+        return relax.transform.DeadCodeElimination(["main"])(new_mod)

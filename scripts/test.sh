@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command of the README: install with the test extra, then run every test.
+# GPU tests skip cleanly without a GPU; nvcc tests skip without nvcc.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q -e ".[test]" || exit 1
+python3 -m pytest -q "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"

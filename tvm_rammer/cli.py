@@ -1,0 +1,107 @@
+"""``tvm-rammer``: compile, inspect, run and demo from the command line.
+
+Environment variables are read here only (the edge), never in the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .config import RammerConfig
+
+DEFAULT_TARGET = "rammer/nvidia-h100"
+
+
+def _config(args) -> RammerConfig:
+    return RammerConfig(max_rtask_threads=args.max_rtask_threads, veus_per_sm=args.veus_per_sm,
+                        num_sms=args.num_sms, selection=args.selection, merge=args.merge)
+
+
+def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
+    if model:
+        p.add_argument("model", help="ONNX model file")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help="rammer target tag or any CUDA target tag (default: %(default)s)")
+    p.add_argument("--max-rtask-threads", type=int, default=256)
+    p.add_argument("--veus-per-sm", type=int, default=None)
+    p.add_argument("--num-sms", type=int, default=None)
+    p.add_argument("--selection", default="paper", choices=["paper", "fastest", "efficient"])
+    p.add_argument("--merge", default="paper", choices=["paper", "always", "never"])
+    p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
+
+
+def cmd_compile(args) -> int:
+    from . import frontend
+    ex = frontend.compile(args.model, target=args.target, config=_config(args))
+    ex.export_library(args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from . import inspection
+    summary = inspection.inspect_model(args.model, args.target, _config(args))
+    if args.json:
+        summary = {k: v for k, v in summary.items() if args.full or k != "programs"}
+        print(json.dumps(summary))
+    else:
+        from .report import format_schedule
+        print(format_schedule(summary))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from . import runner
+    result = runner.run_model(args.model, args.target, _config(args), runs=args.runs,
+                              seed=args.seed)
+    print(json.dumps(result, indent=1) if args.json else runner.format_result(result))
+    return 0 if result["ok"] else 1
+
+
+def cmd_demo(args) -> int:
+    from . import runner
+    return runner.demo(args.target, _config(args), branches=args.branches)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tvm-rammer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("compile", help="compile an ONNX model to a library")
+    _add_common(p)
+    p.add_argument("-o", "--output", required=True, help="output library (.so)")
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
+    _add_common(p)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--full", action="store_true", help="with --json: include per-rProgram details")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("run", help="run on the GPU, compare with onnxruntime, time vs TVM default")
+    _add_common(p)
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("demo", help="the main job: compile the bundled 16-branch model, print its "
+                                    "schedule, run and check it when a GPU is present")
+    _add_common(p, model=False)
+    p.add_argument("--branches", type=int, default=16)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"tvm-rammer: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

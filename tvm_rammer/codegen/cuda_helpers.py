@@ -1,0 +1,57 @@
+"""CUDA device helpers of the persistent kernel: barrier-rTask wait and rTask completion signal.
+
+Rammer section 4.1.3: "R AMMER introduces a step array, where each element is an integer tracking the
+number of finished rTasks in each vEU. When finished, an rTask will use its first thread to increase
+the corresponding element ... a barrier-rTask uses its first N threads to poll on the corresponding
+elements in the step array until the steps are larger than the orders of those rTasks. After that,
+the barrier-rTask calls __syncthreads".
+
+Memory ordering (PTX memory model): the finishing rTask runs ``__syncthreads`` (every thread of the
+vEU is done with its stores), then its first thread publishes with a *release* store at GPU scope.
+A waiting thread polls with *acquire* loads at GPU scope; the barrier-rTask ends with
+``__syncthreads`` so that every thread of the waiting vEU is ordered after the acquire.
+
+Spins are bounded: a wait that does not complete within ``spin_limit`` polls (with ``__nanosleep``
+back-off, seconds in total) records which vEU got stuck in the state array, prints it and traps, so a
+scheduling bug surfaces as a CUDA error ("unspecified launch failure") instead of a silent hang.
+
+These are emitted with ``tvm.backend.cuda.op.cuda_func_call``, which places the source below into
+the generated ``.cu`` file once per kernel.
+"""
+
+SIGNAL_NAME = "rammer_signal"
+WAIT_NAME = "rammer_wait"
+
+SIGNAL_SOURCE = r"""
+__device__ __forceinline__ void rammer_signal(int* __restrict__ state, int veu, int step) {
+  // caller: __syncthreads() first, then thread 0 only
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(state + veu), "r"(step) : "memory");
+}
+"""
+
+WAIT_SOURCE = r"""
+__device__ __forceinline__ int rammer_ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int* __restrict__ state,
+                                            int first, int count, int nthreads, int tid, int veu,
+                                            int error_slot, long long spin_limit) {
+  // barrier-rTask: thread i polls wait entries i, i + nthreads, ... (entry = <vEU, step>)
+  for (int i = tid; i < count; i += nthreads) {
+    const int other = program[first + 2 * i];
+    const int step = program[first + 2 * i + 1];
+    long long spins = 0;
+    while (rammer_ld_acquire(state + other) < step) {
+      __nanosleep(64);
+      if (++spins > spin_limit) {
+        atomicExch(state + error_slot, veu + 1);
+        printf("tvm-rammer: vEU %d waited too long for vEU %d to reach step %d (has %d); aborting\n",
+               veu, other, step, rammer_ld_acquire(state + other));
+        __trap();
+      }
+    }
+  }
+}
+"""

@@ -1,0 +1,208 @@
+"""One persistent CUDA kernel per rProgram (Rammer section 4.1.2, "vDevice and vEU on CUDA GPU").
+
+The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA build afterwards:
+
+* grid = the vEUs (``blockIdx.x``), block = the widest rTask's thread count (``threadIdx.x``);
+* the rProgram ``prog[vEU][order]`` is *data*: a constant int32 table passed as an argument (see
+  :func:`encode_program`), so the code holds each rKernel body once, whatever the placement; a
+  different placement of the same operators reuses the same kernel code;
+* each vEU walks its instruction list: an rTask instruction runs the rKernel body of one operator
+  for one ``rtask_id`` (``tir_templates.rtask_rewrite.instantiate``), then ``__syncthreads`` (the
+  shared-memory pool is reused by the next rTask), then, only if some barrier-rTask waits for it,
+  publishes ``step[vEU] = order + 1``; a barrier-rTask instruction polls its wait list
+  (``cuda_helpers.WAIT_SOURCE``) and ends with ``__syncthreads``;
+* the step array is a fresh per-run buffer (a call_tir output): each vEU zeroes its own entry and
+  one cooperative-groups grid sync follows, so no state is shared between runs and two concurrent
+  runs of one module cannot interfere; rPrograms without barrier-rTasks skip this prologue;
+* cooperative launch (``tirx.kernel_launch_params``): a grid whose vEUs cannot all be co-resident
+  fails at launch with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE instead of hanging.
+
+Table layout (int32)::
+
+    [0, V]                 first instruction of vEU v is at offsets[v], one past its last at offsets[v+1]
+    [V+1, V+1+3*I)         instructions (kind, a, b): kind 0 = barrier-rTask, a = table index of its
+                           first <vEU, step> pair, b = number of pairs; kind k+1 = rTask of operator
+                           k, a = rtask_id, b = step to publish (0 = nobody waits for it)
+    [V+1+3*I, end)         <vEU, step> pairs of all barrier-rTasks
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import tirx
+from tvm.backend.cuda import op as cuda_op
+
+from ..rprogram import RProgram
+from ..rtask import BarrierRTask, RTask
+from . import cuda_helpers
+
+INT32 = "int32"
+BARRIER_KIND = 0
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """A tensor that the persistent kernel reads or writes (one kernel parameter)."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+
+@dataclass(frozen=True)
+class DispatchEntry:
+    """One operator of the rProgram: its lowered rKernel and the tensors bound to its parameters."""
+
+    kernel: object  # tir_templates.prelower.LoweredKernel
+    tensor_index: tuple  # index into PersistentKernelSpec.tensors for each kernel parameter
+
+
+@dataclass(frozen=True)
+class PersistentKernelSpec:
+    """Everything the code of one persistent kernel depends on (the placement is not part of it)."""
+
+    name: str
+    tensors: tuple  # TensorSlot, inputs first
+    num_inputs: int
+    entries: tuple  # DispatchEntry; dispatch index k <-> instruction kind k + 1
+    veu_threads: int
+    spin_limit: int = 1 << 26
+
+    def __post_init__(self):
+        if not self.entries:
+            raise ValueError(f"rProgram {self.name} has no operators")
+        widest = max(e.kernel.threads for e in self.entries)
+        if self.veu_threads < widest:
+            raise ValueError(
+                f"vEU width {self.veu_threads} is narrower than the widest rTask ({widest} threads)")
+        if not 0 <= self.num_inputs <= len(self.tensors):
+            raise ValueError(f"num_inputs={self.num_inputs} outside [0, {len(self.tensors)}]")
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared-memory pool: sized to the largest rTask, reused by all (paper 4.1.3)."""
+        return max(e.kernel.shared_bytes for e in self.entries)
+
+
+def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = None) -> np.ndarray:
+    """The rProgram as the kernel's int32 table; ``dispatch`` maps operator uid -> dispatch index.
+
+    ``num_veus`` may drop trailing vEUs whose queues are empty (they would idle in the grid sync).
+    """
+    num_veus = len(program.prog) if num_veus is None else num_veus
+    if any(program.prog[num_veus:]):
+        raise ValueError(f"cannot drop vEUs >= {num_veus}: they have rTasks")
+    awaited = program.awaited()
+    insts, waits = [], []
+    offsets = [0]
+    for veu, queue in enumerate(program.prog[:num_veus]):
+        for order, task in enumerate(queue):
+            if isinstance(task, BarrierRTask):
+                insts.append((BARRIER_KIND, len(waits), len(task.waits)))
+                waits.extend((other, other_order + 1) for other, other_order in task.waits)
+            elif isinstance(task, RTask):
+                publish = order + 1 if (veu, order) in awaited else 0
+                insts.append((dispatch[task.op] + 1, task.rtask_id, publish))
+            else:
+                raise TypeError(f"prog[{veu}][{order}] is {type(task).__name__}, not an rTask")
+        offsets.append(len(insts))
+    wait_base = num_veus + 1 + 3 * len(insts)
+    table = np.zeros(wait_base + 2 * len(waits), dtype=np.int32)
+    table[: num_veus + 1] = offsets
+    for i, (kind, a, b) in enumerate(insts):
+        if kind == BARRIER_KIND:
+            a = wait_base + 2 * a  # pair index -> absolute table index
+        table[num_veus + 1 + 3 * i: num_veus + 4 + 3 * i] = (kind, a, b)
+    for i, (other, step) in enumerate(waits):
+        table[wait_base + 2 * i: wait_base + 2 * i + 2] = (other, step)
+    return table
+
+
+def has_barriers(table: np.ndarray, num_veus: int) -> bool:
+    """Whether an encoded rProgram contains any barrier-rTask."""
+    offsets = table[: num_veus + 1]
+    kinds = table[num_veus + 1: num_veus + 1 + 3 * int(offsets[-1]): 3]
+    return bool(np.any(kinds == BARRIER_KIND))
+
+
+def _uniform(cond):
+    """Mark a block-uniform condition, so TVM's ThreadSync may keep barriers inside it."""
+    return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", cond)
+
+
+def _sync():
+    return tirx.Evaluate(tirx.call_intrin(INT32, "tirx.tvm_storage_sync", "shared"))
+
+
+def _ptr(buf):
+    return tirx.address_of(tirx.BufferLoad(buf, [tirx.const(0, INT32)]))
+
+
+def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
+                          with_barriers: bool, instantiate: Callable) -> tirx.PrimFunc:
+    """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
+
+    Parameters: the input tensors, the program table, the output tensors, the step state
+    (``int32[num_veus + 1]``; the last entry records a vEU that timed out in a wait).
+    ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``.
+    """
+    buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
+    table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
+    state = tirx.decl_buffer((num_veus + 1,), INT32, name="rammer_state")
+    veu = tirx.Var("veu", INT32)
+    tid = tirx.Var("tid", INT32)
+    pool = None
+    if spec.shared_bytes:
+        pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem", scope="shared")
+
+    pc = tirx.Var("pc", INT32)
+    kind, arg_a, arg_b = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b"))
+    start = tirx.BufferLoad(table, [veu])
+    inst = num_veus + 1 + (start + pc) * 3
+    cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
+        tirx.Evaluate(cuda_op.cuda_func_call(
+            cuda_helpers.WAIT_NAME, _ptr(table), _ptr(state), arg_a, arg_b,
+            tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32),
+            tirx.const(spec.spin_limit, "int64"), source_code=cuda_helpers.WAIT_SOURCE)),
+        _sync()]), None)]
+    for k, entry in enumerate(spec.entries):
+        data = [buffers[i] for i in entry.tensor_index]
+        rtask = instantiate(entry.kernel, data, arg_a, tid, spec.veu_threads, pool)
+        signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
+            cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
+                                   source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
+        cases.append(tirx.IfThenElse(_uniform(kind == k + 1),
+                                     tirx.SeqStmt([rtask, _sync(), signal]), None))
+    loop = tirx.For(pc, 0, tirx.BufferLoad(table, [veu + 1]) - start, tirx.ForKind.SERIAL,
+                    tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(table, [inst])),
+                                  tirx.Bind(arg_a, tirx.BufferLoad(table, [inst + 1])),
+                                  tirx.Bind(arg_b, tirx.BufferLoad(table, [inst + 2])),
+                                  *cases]))
+    stmts = [tirx.AllocBuffer(pool)] if pool is not None else []
+    if with_barriers:
+        stmts += [tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
+                  tirx.IfThenElse(tirx.all(veu == 0, tid == 0),
+                                  tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None),
+                  tirx.Evaluate(cuda_op.cuda_grid_sync())]
+    stmts.append(loop)
+    body = tirx.SeqStmt(stmts)
+    body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, spec.veu_threads), tid, 1, "threadIdx.x"),
+                         "thread_extent", spec.veu_threads, body)
+    body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, num_veus), veu, 1, "blockIdx.x"),
+                         "thread_extent", num_veus, body)
+    inputs = buffers[: spec.num_inputs]
+    outputs = buffers[spec.num_inputs:]
+    func = tirx.PrimFunc([*inputs, table, *outputs, state], body)
+    return func.with_attrs({
+        "global_symbol": spec.name,
+        "tirx.noalias": True,
+        "tirx.is_scheduled": True,
+        "op_pattern": 8,  # opaque: no later Relax pass may fuse into it
+        "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"],
+        "rammer.num_veus": num_veus,
+        "rammer.veu_threads": spec.veu_threads,
+    })

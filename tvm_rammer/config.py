@@ -1,0 +1,55 @@
+"""Explicit configuration of the rammer compilation (a frozen dataclass; no environment reads here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SELECTIONS = ("paper", "fastest", "efficient")
+MERGES = ("paper", "always", "never")
+
+
+@dataclass(frozen=True)
+class RammerConfig:
+    """Options of the rammer pipeline.
+
+    Attributes
+    ----------
+    max_rtask_threads: threads per rTask that dlight may use when it schedules the operators; it
+        bounds the vEU width and so how many vEUs fit on an SM (paper 4.1.2).
+    num_sms: SMs of the vDevice; None = the local GPU's, else the target arch's preset.
+    veus_per_sm: fix the vEUs per SM; None = from the persistent kernel's occupancy (registers,
+        shared memory and threads of the compiled kernel, read with nvcc when it is installed).
+    selection / merge: the policy's rKernel selection and rProgram-merge rules (Algorithm 1 =
+        "paper"); the others exist for ablations.
+    fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
+    spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
+    launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
+        TVM's default pipeline, 0.8 us per point-to-point flag wait).
+    """
+
+    max_rtask_threads: int = 256
+    num_sms: int | None = None
+    veus_per_sm: int | None = None
+    selection: str = "paper"
+    merge: str = "paper"
+    fusion: bool = True
+    spin_limit: int = 1 << 26
+    launch_us: float = 4.0
+    barrier_us: float = 0.8
+    measure_resources: bool = True
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
+            raise ValueError(
+                f"max_rtask_threads={self.max_rtask_threads}: use a power of two in [32, 1024]")
+        if self.num_sms is not None and self.num_sms <= 0:
+            raise ValueError(f"num_sms={self.num_sms} must be positive")
+        if self.veus_per_sm is not None and self.veus_per_sm <= 0:
+            raise ValueError(f"veus_per_sm={self.veus_per_sm} must be positive")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection={self.selection!r}: choose one of {SELECTIONS}")
+        if self.merge not in MERGES:
+            raise ValueError(f"merge={self.merge!r}: choose one of {MERGES}")
+        if self.spin_limit <= 0:
+            raise ValueError(f"spin_limit={self.spin_limit} must be positive")

@@ -1,0 +1,64 @@
+"""ONNX in, compiled module out: ``tvm_rammer.compile(model_or_path, target=...)``."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+
+from .config import RammerConfig
+from .pipeline import rammer_pipeline
+from .target import resolve_target
+
+
+def load_onnx(model) -> onnx.ModelProto:
+    """An ONNX ModelProto from a ModelProto, a path or bytes; ValueError with the cause otherwise."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise ValueError(f"ONNX model file {path!r} does not exist")
+        try:
+            return onnx.load(path)
+        except Exception as err:  # protobuf raises DecodeError and friends
+            raise ValueError(f"{path!r} is not a readable ONNX model: {err}") from None
+    raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def import_onnx(model) -> tvm.IRModule:
+    """The ONNX model as a Relax module (weights become constants)."""
+    proto = load_onnx(model)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as err:
+        raise ValueError(f"invalid ONNX model: {str(err).splitlines()[0]}") from None
+    try:
+        return from_onnx(proto, keep_params_in_input=False)
+    except Exception as err:  # the frontend raises many error types for unsupported graphs
+        raise ValueError(
+            f"TVM's ONNX frontend cannot import this model: {str(err).strip().splitlines()[-1]}"
+        ) from None
+
+
+def lower(mod: tvm.IRModule, target, config: RammerConfig | None = None) -> tvm.IRModule:
+    """Run the rammer Relax pipeline only (no CUDA compilation): for inspection and counting."""
+    target = resolve_target(target)
+    with target:
+        return rammer_pipeline(target, config)(mod)
+
+
+def compile(model, target="rammer/nvidia-h100", config: RammerConfig | None = None):  # noqa: A001
+    """Compile an ONNX model (ModelProto, path or bytes) or a Relax IRModule with the rammer pipeline.
+
+    Returns the ``tvm.relax.VMExecutable`` that ``tvm.compile`` returns; run it with
+    ``relax.VirtualMachine(ex, tvm.cuda())``.
+    """
+    mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
+    target = resolve_target(target)
+    return tvm.compile(mod, target=target, relax_pipeline=rammer_pipeline(target, config))

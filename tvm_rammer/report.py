@@ -1,0 +1,59 @@
+"""What a compiled module looks like: rPrograms, rTasks, vEUs and launches, as one JSON-able dict."""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import tirx
+
+from .launches import count_launches
+
+REPORT_ATTR = "rammer.report"
+
+
+def rprogram_reports(mod: tvm.IRModule) -> list:
+    """The per-rProgram reports that RammerGroupRPrograms attached to its persistent kernels."""
+    reports = []
+    for gv, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and func.attrs is not None and REPORT_ATTR in func.attrs:
+            report = json.loads(str(func.attrs[REPORT_ATTR]))
+            report.setdefault("kernel", gv.name_hint)
+            reports.append(report)
+    return sorted(reports, key=lambda r: r["kernel"])
+
+
+def summarize(rammer_mod: tvm.IRModule, default_mod: tvm.IRModule | None = None) -> dict:
+    """``rprograms``, ``rtasks`` (one count per rProgram), ``veus``, ``launches`` and, given the
+    default pipeline's lowering of the same model, ``default_launches``."""
+    reports = rprogram_reports(rammer_mod)
+    summary = {
+        "rprograms": len(reports),
+        "rtasks": [r["rtasks"] for r in reports],
+        "veus": [r["num_veus"] for r in reports],
+        "veus_per_sm": [r["veus_per_sm"] for r in reports],
+        "veu_threads": [r["veu_threads"] for r in reports],
+        "barriers": [r["barriers"] for r in reports],
+        "launches": count_launches(rammer_mod),
+        "unplaced": sum(len(r.get("unplaced", [])) for r in reports[:1]),
+        "programs": reports,
+    }
+    if default_mod is not None:
+        summary["default_launches"] = count_launches(default_mod)
+    return summary
+
+
+def format_schedule(summary: dict) -> str:
+    """A short human-readable schedule."""
+    lines = [f"rPrograms: {summary['rprograms']}   kernel launches per inference: "
+             f"{summary['launches']}" + (f" (TVM default pipeline: {summary['default_launches']})"
+                                         if "default_launches" in summary else "")]
+    for report in summary["programs"]:
+        lines.append(f"  {report['kernel']}: {report['rtasks']} rTasks of {len(report['operators'])} "
+                     f"operators on {report['num_veus']} vEUs ({report['veus_per_sm']}/SM x "
+                     f"{report['veu_threads']} threads), {report['barriers']} barrier-rTasks, "
+                     f"predicted {report['predicted_us']:.1f} us")
+        for op in report["operators"]:
+            lines.append(f"      {op['name']:<40} {op['rtasks']:>5} rTasks x {op['threads']:>4} thr"
+                         f"  ({op['version']}: {op['reason']})")
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""Resources of a compiled persistent kernel (registers, shared memory), for its occupancy.
+
+Paper 4.1.2: "we set the number of vEUs on each SM according to the maximum active PTB number
+provided by the CUDA compiler nvcc". The kernel's code does not depend on the placement (the
+rProgram is a table), so it is compiled once with a provisional vEU count, its registers are read
+from ``ptxas -v``, and the rProgram is placed for the occupancy they allow.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import tvm
+
+from tir_templates.rtask_rewrite import instantiate
+
+from .codegen.persistent import PersistentKernelSpec, build_persistent_func
+
+LOG = logging.getLogger("tvm_rammer")
+
+
+def cuda_source(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
+    """The CUDA source TVM generates for one PrimFunc."""
+    module = tvm.tirx.build(tvm.IRModule({func.attrs["global_symbol"]: func}), target)
+    return str(module.imports[0].inspect_source())
+
+
+class ResourceProbe:
+    """Reads the registers a persistent kernel needs; None when disabled or nvcc is missing."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and shutil.which("nvcc") is not None
+        if enabled and not self.enabled:
+            LOG.info("tvm-rammer: nvcc not found; vEUs per SM use the register estimate")
+
+    def registers(self, spec: PersistentKernelSpec, target: tvm.target.Target):
+        """Registers per thread of ``spec``'s kernel (with barrier code), or None."""
+        if not self.enabled:
+            return None
+        from tir_templates.cuda_resources import compile_cuda_resources
+
+        func = build_persistent_func(spec, num_veus=1, table_len=16, with_barriers=True,
+                                     instantiate=instantiate)
+        arch = str(target.attrs.get("arch", "sm_90a"))
+        try:
+            usage = compile_cuda_resources(cuda_source(func, target), arch)
+        except (RuntimeError, ValueError, OSError) as err:
+            LOG.warning("tvm-rammer: could not read %s's registers (%s); using the estimate",
+                        spec.name, str(err).splitlines()[0])
+            return None
+        return int(usage["registers"])

@@ -1,0 +1,120 @@
+"""From TVM objects to the scheduler's abstractions and back.
+
+The policy (:mod:`tvm_rammer.policy`) is pure Python; this module makes its inputs out of lowered TVM
+kernels (one ``RKernel`` per dlight-scheduled PrimFunc, an analytical time until profiling exists)
+and turns its plans into reports.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+
+from .config import RammerConfig
+from .cost_model import CostModelConfig, rtask_time_us
+from .policy import OpGraph, PolicyConfig, schedule
+from .rtask import RKernel, ROperator
+from .vdevice import VDevice
+
+
+def vdevice_for(target: tvm.target.Target, config: RammerConfig) -> VDevice:
+    """The vDevice: the local GPU when one is visible, else the target arch's preset."""
+    overrides = {}
+    if config.veus_per_sm is not None:
+        overrides["max_blocks_per_sm"] = config.veus_per_sm
+    arch = str(target.attrs.get("arch", "sm_90"))
+    device = None
+    if config.num_sms is None:
+        try:
+            dev = tvm.cuda(0)
+            device = VDevice.from_tvm_device(dev) if dev.exist else None
+        except Exception:  # no CUDA runtime
+            device = None
+    if device is not None:
+        fields = {f: getattr(device, f) for f in device.__dataclass_fields__}
+        return VDevice(**{**fields, **overrides})
+    if config.num_sms is not None:
+        overrides["num_sms"] = config.num_sms
+    return VDevice.for_arch(arch, **overrides)
+
+
+def cost_config(config: RammerConfig, vdevice: VDevice) -> CostModelConfig:
+    """The analytical cost model for this vDevice and config."""
+    return CostModelConfig(num_sms=vdevice.num_sms, barrier_us=config.barrier_us,
+                           launch_us=config.launch_us)
+
+
+def policy_config(config: RammerConfig, vdevice: VDevice, registers=None) -> PolicyConfig:
+    """The policy options of a RammerConfig."""
+    return PolicyConfig(cost=cost_config(config, vdevice), selection=config.selection,
+                        merge=config.merge, registers=registers)
+
+
+def _tensor_bytes(param) -> int:
+    ty = param.ty
+    return math.prod(int(d) for d in ty.shape) * tvm.runtime.DataType(str(ty.dtype)).bits // 8
+
+
+def flops_and_bytes(func: tvm.tirx.PrimFunc) -> tuple:
+    """FLOPs (TVM's estimate; 1 per output element when it cannot tell) and bytes of every
+    parameter read or written once."""
+    nbytes = sum(_tensor_bytes(p) for p in func.params)
+    try:
+        flops = float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # estimate_tir_flops rejects some opaque loops
+        flops = float(nbytes // 4)
+    return flops, float(nbytes)
+
+
+def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfig,
+                         vdevice: VDevice) -> ROperator:
+    """An rOperator with one rKernel: the dlight schedule, timed by the analytical model."""
+    flops, nbytes = flops_and_bytes(func)
+    veus_per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
+    time_us = rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm,
+                            cost_config(config, vdevice))
+    kernel = RKernel(name=name, num_rtasks=lowered.num_rtasks, threads=lowered.threads,
+                     registers=None, shared_bytes=lowered.shared_bytes, time_us=time_us,
+                     source="dlight", payload=lowered)
+    return ROperator(uid=uid, name=name, kernels=[kernel], flops=flops, bytes=nbytes)
+
+
+def replace_plan(plan, graph: OpGraph, registers: int, vdevice: VDevice, config: RammerConfig):
+    """The same operators and rKernel versions, placed again for the compiled kernel's registers."""
+    members = set(plan.ops)
+    sub_ops = {op: ROperator(uid=op, name=graph.ops[op].name,
+                             kernels=[graph.ops[op].kernels[plan.selected[op]]],
+                             flops=graph.ops[op].flops, bytes=graph.ops[op].bytes) for op in plan.ops}
+    preds = {op: [p for p in graph.preds.get(op, []) if p in members] for op in plan.ops}
+    waves = [list(w) for w in plan.waves] or [list(plan.ops)]
+    sub = OpGraph(ops=sub_ops, preds=preds, waves=waves, split_before=set())
+    cfg = PolicyConfig(cost=cost_config(config, vdevice), selection="fastest", merge="always",
+                       registers=registers)
+    (new_plan,) = schedule(sub, vdevice, cfg)
+    new_plan.selected = dict(plan.selected)
+    new_plan.reason = dict(plan.reason)
+    return new_plan
+
+
+def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
+    """JSON-able description of one rProgram (used by ``tvm-rammer inspect``)."""
+    program = plan.program
+    operators = []
+    for op in plan.ops:
+        kernel = ops[op].kernels[plan.selected[op]]
+        operators.append({"name": ops[op].name, "rtasks": kernel.num_rtasks,
+                          "threads": kernel.threads, "version": kernel.source,
+                          "reason": plan.reason.get(op, "only"),
+                          "time_us_per_rtask": round(kernel.time_us, 3)})
+    return {"kernel": spec.name, "rtasks": int(program.num_rtasks), "num_veus": num_veus,
+            "veus_per_sm": plan.veus_per_sm, "veu_threads": spec.veu_threads,
+            "registers": registers, "shared_bytes": spec.shared_bytes,
+            "barriers": int(program.num_barriers), "predicted_us": float(plan.predicted_us),
+            "operators": operators}
+
+
+def as_int32(table) -> np.ndarray:
+    """The program table as a contiguous int32 array."""
+    return np.ascontiguousarray(table, dtype=np.int32)

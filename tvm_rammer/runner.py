@@ -1,0 +1,141 @@
+"""Run a compiled model on the GPU, check it against onnxruntime, time it against TVM's default."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+from .config import RammerConfig
+from .frontend import import_onnx, load_onnx
+from .inspection import plain_cuda_target
+from .pipeline import rammer_pipeline
+from .target import resolve_target
+
+ORT_MAX_IR_VERSION = 10  # onnxruntime 1.2x on the CPU machines; the GPU machine takes <= 13
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA device is visible to TVM."""
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # no CUDA runtime at all
+        return False
+
+
+def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
+    """Seeded standard-normal inputs for every graph input that is not an initializer."""
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in proto.graph.initializer}
+    inputs = {}
+    for value in proto.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        dims = [d.dim_value for d in tensor.shape.dim]
+        if any(d <= 0 for d in dims):
+            raise ValueError(f"input {value.name!r} has a dynamic shape {dims}; give it static dims")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        inputs[value.name] = rng.standard_normal(dims).astype(dtype)
+    return inputs
+
+
+def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
+    """Outputs of onnxruntime's CPU provider."""
+    import onnxruntime as ort
+
+    model = onnx.ModelProto.FromString(proto.SerializeToString())
+    model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref|| in float64 (NaN never passes)."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if out.shape != ref.shape:
+        return float("inf")
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _flatten(result) -> list:
+    if isinstance(result, (list, tuple)) or type(result).__name__ == "Array":
+        return [x for r in result for x in _flatten(r)]
+    return [result.numpy()]
+
+
+def _launch(vm, args):
+    try:
+        return vm["main"](*args)
+    except Exception as err:
+        text = str(err)
+        if "COOPERATIVE_LAUNCH_TOO_LARGE" in text:
+            raise ValueError(
+                "the persistent kernel's vEUs cannot all be resident on this GPU at once "
+                "(cooperative launch too large): compile with fewer vEUs per SM "
+                "(RammerConfig(veus_per_sm=...)) or for this GPU's SM count (num_sms=...)") from None
+        raise
+
+
+def execute(ex, inputs: list, dev, runs: int = 200) -> tuple:
+    """(outputs as numpy, median latency in microseconds) of one executable."""
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    outs = _flatten(_launch(vm, args))
+    timer = vm.time_evaluator("main", dev, number=max(1, runs // 10), repeat=10, min_repeat_ms=0)
+    return outs, float(timer(*args).median * 1e6)
+
+
+def run_model(model, target, config: RammerConfig | None = None, runs: int = 200,
+              seed: int = 0, tolerance: float = 1e-4) -> dict:
+    """Compile with rammer and with TVM's default pipeline, run both, compare with onnxruntime."""
+    if not gpu_available():
+        raise ValueError("no CUDA GPU is visible; `tvm-rammer inspect` shows the schedule without one")
+    proto = load_onnx(model)
+    mod = import_onnx(proto)
+    feeds = random_inputs(proto, seed)
+    names = [v.name for v in proto.graph.input if v.name in feeds]
+    inputs = [feeds[n] for n in names]
+    ref = onnx_reference(proto, feeds)
+    dev = tvm.cuda(0)
+    rammer = resolve_target(target)
+    results = {"device": str(dev.device_name), "model": getattr(proto.graph, "name", "")}
+    for label, tgt in (("rammer", rammer), ("default", plain_cuda_target(rammer))):
+        pipe = rammer_pipeline(rammer, config) if label == "rammer" else "default"
+        ex = tvm.compile(mod, target=tgt, relax_pipeline=pipe)
+        outs, median = execute(ex, inputs, dev, runs)
+        errs = [relative_error(o, r) for o, r in zip(outs, ref)]
+        results[label] = {"latency_us": median, "max_rel_err": max(errs) if errs else 0.0}
+    results["speedup"] = results["default"]["latency_us"] / results["rammer"]["latency_us"]
+    results["ok"] = results["rammer"]["max_rel_err"] <= tolerance
+    return results
+
+
+def format_result(result: dict) -> str:
+    """Two lines: error and latency of rammer next to TVM's default pipeline."""
+    r, d = result["rammer"], result["default"]
+    return (f"device {result['device']}\n"
+            f"tvm-rammer : max rel err {r['max_rel_err']:.2e}  median {r['latency_us']:8.2f} us\n"
+            f"TVM default: max rel err {d['max_rel_err']:.2e}  median {d['latency_us']:8.2f} us\n"
+            f"speedup {result['speedup']:.2f}x  {'OK' if result['ok'] else 'MISMATCH'}")
+
+
+def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
+    """The main job: the bundled branch model's schedule; run and check when a GPU is present."""
+    from .inspection import inspect_model
+    from .models import get_model
+    from .report import format_schedule
+
+    model = get_model("branches", n=branches)
+    summary = inspect_model(import_onnx(model), target, config)
+    print(f"model: {branches} parallel GEMV [1,256]x[256,256] + ReLU branches joined by Sum")
+    print(format_schedule(summary))
+    if not gpu_available():
+        print("no CUDA GPU here: compiled and scheduled only (run `tvm-rammer run` on a GPU)")
+        return 0
+    result = run_model(model, target, config)
+    print(format_result(result))
+    return 0 if result["ok"] else 1

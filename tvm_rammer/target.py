@@ -1,0 +1,67 @@
+"""Rammer targets: CUDA targets carrying the key "rammer".
+
+A rammer target is an ordinary TVM CUDA target whose ``keys`` start with ``"rammer"``;
+``tvm.compile(mod, target=T)`` then runs the rammer pipeline (see :mod:`tvm_rammer.pipeline`).
+Tags ``rammer/<tag>`` are registered for the common NVIDIA data-centre GPUs.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+RAMMER_KEY = "rammer"
+TAGS = {
+    "rammer/nvidia-h100": "nvidia/nvidia-h100",
+    "rammer/nvidia-h200": {"kind": "cuda", "arch": "sm_90a", "max_shared_memory_per_block": 49152,
+                           "max_threads_per_block": 1024, "thread_warp_size": 32,
+                           "registers_per_block": 65536},
+    "rammer/nvidia-a100": {"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 49152,
+                           "max_threads_per_block": 1024, "thread_warp_size": 32,
+                           "registers_per_block": 65536},
+    "rammer/nvidia-a10g": "nvidia/nvidia-a10g",
+    "rammer/nvidia-v100": "nvidia/nvidia-v100",
+}
+
+
+def rammer_target(target="nvidia/nvidia-h100") -> tvm.target.Target:
+    """Make any CUDA target (a Target, tag, or config dict) a rammer target."""
+    base = target if isinstance(target, tvm.target.Target) else _parse(target)
+    if base.kind.name != "cuda":
+        raise ValueError(
+            f"rammer targets must be CUDA targets, got kind {base.kind.name!r} ({base}); "
+            "pass e.g. 'nvidia/nvidia-h100' or {'kind': 'cuda', 'arch': 'sm_90a'}")
+    if is_rammer_target(base):
+        return base
+    config = dict(base.export())
+    config.pop("tag", None)
+    config["keys"] = [RAMMER_KEY, *[k for k in config.get("keys", ()) if k != RAMMER_KEY]]
+    return tvm.target.Target(config)
+
+
+def is_rammer_target(target) -> bool:
+    """Whether ``target`` asks for the rammer pipeline."""
+    return target is not None and RAMMER_KEY in tuple(target.keys)
+
+
+def resolve_target(target) -> tvm.target.Target:
+    """Accept a tag (``rammer/...`` or any CUDA tag), a Target or a dict; return a rammer target."""
+    return rammer_target(target)
+
+
+def _parse(target) -> tvm.target.Target:
+    try:
+        return tvm.target.Target(target)
+    except Exception as err:  # TVM raises several error types for a bad target string
+        raise ValueError(f"cannot parse target {target!r}: {str(err).splitlines()[0]}") from None
+
+
+def register_tags() -> None:
+    """Register the ``rammer/...`` tags in TVM's tag registry (idempotent)."""
+    known = tvm.target.list_tags() or {}
+    for name, base in TAGS.items():
+        if name in known:
+            continue
+        config = dict(rammer_target(base).export())
+        config.pop("tag", None)
+        config["keys"] = list(config["keys"])
+        tvm.target.register_tag(name, config)
