@@ -80,7 +80,7 @@ class GraphBuilder:
         return self.node("Mul", [a, b])
 
     def sum(self, xs):
-        """Elementwise sum of one or more tensors (ONNX `Sum`; a single tensor is returned as is)."""
+        """Elementwise sum (ONNX `Sum`); a single tensor is returned as is."""
         return xs[0] if len(xs) == 1 else self.node("Sum", xs)
 
     def concat(self, xs, axis=1):
