@@ -1,0 +1,268 @@
+"""Instantiate one rTask of a lowered kernel inside Rammer's persistent kernel (paper 4.1.3, 4.2).
+
+A vEU is one persistent thread block of ``veu_threads`` threads with a 1-D ``threadIdx.x`` (``tid``).
+It runs rTasks of different kernels one after another, so for each rTask we emit the kernel body
+(``LoweredKernel.body``, already lowered by ``prelower``) with:
+
+* ``blockIdx.{x,y,z}`` bound to the decomposition of the logical ``rtask_id`` (x fastest), and
+  ``threadIdx.{x,y,z}`` bound to the decomposition of ``tid`` (Figure 10's thread remapping);
+* early exit: when the kernel needs fewer threads than the vEU has, only ``tid < kernel.threads``
+  run the body. Paper 4.1.3 notes that early exit deadlocks a barrier the exited threads never
+  reach, so every block barrier of the kernel (``tvm_storage_sync("shared")``) becomes the named
+  barrier ``bar.sync barrier_id, kernel.threads`` over the active threads only (``bar.sync`` counts
+  whole warps, hence kernels with barriers need a thread count that is a multiple of 32). Warp
+  shuffles of lowered allreduces stay correct because the active threads are whole warps;
+* every shared allocation turned into a typed view at a 16-byte aligned offset of one ``uint8``
+  pool that the persistent kernel allocates once (sized to its largest rTask), accesses shifted
+  by the offset exactly like TVM's ``MergeSharedMemoryAllocations`` does;
+* the pool touched once as uint8 so TVM's StorageRewrite, which runs again over the persistent
+  kernel, cannot retype it to the views' element type (see ``_keep_pool_bytes``);
+* every Var defined inside (loop vars, lets, buffers) renamed to a fresh Var, so one persistent
+  PrimFunc can hold several instantiations and still pass TVM's well-formedness check.
+
+The result is wrapped in ``AttrStmt(..., "hand_threaded", ...)``: the persistent kernel is lowered
+by the full s_tir pipeline again, and its ``ThreadSync`` pass skips hand-threaded regions, which
+is what we want since ``prelower`` already placed this body's barriers (ThreadSync would also
+refuse or misplace syncs under the early-exit condition).
+"""
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.backend.cuda.op import cuda_func_call
+from tvm.tirx.buffer import buffer_data, is_buffer_var
+
+from .prelower import BLOCK_AXES, THREAD_AXES, LoweredKernel, UnsupportedKernel, aligned_bytes
+
+NAMED_BARRIER = "rammer_named_barrier"
+NAMED_BARRIER_SOURCE = f"""
+__device__ __forceinline__ void {NAMED_BARRIER}(int id, int nthreads) {{
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(nthreads) : "memory");
+}}
+"""
+WARP_SIZE = 32
+_SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
+_ACCESS_PTR_OP = tvm.ir.Op.get("tirx.tvm_access_ptr")
+_WARP_OPS = tuple(
+    tvm.ir.Op.get(name)
+    for name in ("tirx.tvm_warp_shuffle", "tirx.tvm_warp_shuffle_up", "tirx.tvm_warp_shuffle_down",
+                 "tirx.tvm_warp_activemask")
+)
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _as(dtype: str, expr):
+    """``expr`` cast to ``dtype`` when it is not already of that type."""
+    if isinstance(expr, int):
+        return tirx.IntImm(dtype, expr)
+    return expr if _dtype(expr) == dtype else tirx.Cast(dtype, expr)
+
+
+def _fresh(var):
+    """A new Var of the same name and type (a new buffer Var for buffer Vars)."""
+    if is_buffer_var(var):
+        return tirx._ffi_api.BufferVar(var.name, var.ty, None)  # pylint: disable=protected-access
+    return tvm.ir.Var(var.name, var.ty)
+
+
+def _defined_vars(body) -> list:
+    """Every Var that ``body`` defines: loop, let/bind and allocated/declared buffer Vars."""
+    found = []
+    tvm_ffi.structural_walk(body, [
+        (tirx.For, lambda n: found.append(n.loop_var)),
+        ((tirx.Bind, tirx.LetStmt), lambda n: found.append(n.var)),
+        (tirx.Let, lambda n: found.append(n.var)),
+        ((tirx.AllocBuffer, tirx.DeclBuffer), lambda n: found.append(n.buffer)),
+    ])
+    return found
+
+
+def _index_split(index, extents):
+    """Decompose a linear ``index`` into len(extents) coordinates, the first varying fastest."""
+    coords, stride = [], 1
+    for i, ext in enumerate(extents):
+        coord = index if stride == 1 else tirx.floordiv(index, stride)
+        outer = 1
+        for later in extents[i + 1:]:
+            outer *= later
+        coords.append(coord if outer == 1 else tirx.floormod(coord, ext))
+        stride *= ext
+    return coords
+
+
+def _axis_binds(vars_by_tag: dict, tags, extents, index, rename: dict) -> list:
+    """``Bind`` statements giving each present axis Var its coordinate of ``index``."""
+    binds = []
+    for tag, coord in zip(tags, _index_split(index, extents)):
+        if tag in vars_by_tag:
+            var = vars_by_tag[tag]
+            binds.append(tirx.Bind(rename[var], _as(_dtype(var), coord)))
+    return binds
+
+
+def _check_args(kernel: LoweredKernel, data_vars, veu_threads: int, smem_pool) -> None:
+    """Reject argument combinations that would produce wrong or deadlocking code."""
+    if len(data_vars) != len(kernel.params):
+        raise ValueError(f"{kernel.name}: {len(kernel.params)} data vars expected, got {len(data_vars)}")
+    for param, var in zip(kernel.params, data_vars):
+        if not is_buffer_var(var) or var.dtype != param.dtype:
+            raise TypeError(f"{kernel.name}: data var {var} must be a {param.dtype} buffer Var like {param.name}")
+    if veu_threads < kernel.threads:
+        raise ValueError(f"{kernel.name}: needs {kernel.threads} threads but the vEU has {veu_threads}")
+    if smem_pool is not None:
+        if not is_buffer_var(smem_pool) or smem_pool.scope() != "shared":
+            raise TypeError(f"smem_pool must be a uint8 buffer Var in 'shared' scope, got {smem_pool}")
+        if aligned_bytes(smem_pool) < kernel.shared_bytes:
+            raise ValueError(f"{kernel.name}: shared pool smaller than the {kernel.shared_bytes} bytes it needs")
+
+
+def _uses_warp_ops(body) -> bool:
+    found = []
+    tvm_ffi.structural_walk(body, (tvm.ir.Call, lambda c: found.append(any(c.op.same_as(op) for op in _WARP_OPS))))
+    return any(found)
+
+
+def _check_early_exit(kernel: LoweredKernel, veu_threads: int) -> None:
+    """Early exit with a partial warp cannot use ``bar.sync`` nor warp shuffles safely."""
+    if kernel.threads == veu_threads or kernel.threads % WARP_SIZE == 0:
+        return
+    if kernel.has_sync:
+        raise UnsupportedKernel(f"{kernel.name}: {kernel.threads} threads is not a multiple of {WARP_SIZE}; "
+                                f"a named barrier over them is impossible (vEU has {veu_threads} threads)")
+    if _uses_warp_ops(kernel.body):
+        raise UnsupportedKernel(f"{kernel.name}: warp shuffles over {kernel.threads} threads (not whole warps) "
+                                f"cannot run under early exit in a {veu_threads}-thread vEU")
+
+
+def _pool_offsets(body) -> dict:
+    """{shared buffer Var: byte offset in the pool}, each 16-byte aligned, in allocation order."""
+    offsets, offset = {}, 0
+    allocs = []
+    tvm_ffi.structural_walk(body, (tirx.AllocBuffer, allocs.append))
+    for alloc in allocs:
+        if alloc.buffer.scope() == "shared":
+            offsets[alloc.buffer] = offset
+            offset += aligned_bytes(alloc.buffer)
+    return offsets
+
+
+def _shift(index, elems: int):
+    """``index + elems`` for a scalar or Ramp index."""
+    if elems == 0:
+        return index
+    if isinstance(index, tirx.Ramp):
+        return tirx.Ramp(index.base + elems, index.stride, index.lanes)
+    return index + _as(_dtype(index), elems)
+
+
+def _into_pool(body, pool):
+    """Shared AllocBuffers become views of ``pool`` (DeclBuffer on its data); accesses shifted.
+
+    This is MergeSharedMemoryAllocations' pattern. Views on ``&pool[offset]`` would need no
+    index shift, but TVM 0.27's StorageRewrite does not remap a DeclBuffer's data expression
+    unless it is exactly ``buffer_data(pool)`` and then fails ("occurred before its declaration").
+    """
+    offsets = _pool_offsets(body)
+    if not offsets:
+        return body
+    pool_ptr = buffer_data(pool)
+
+    def elems(buf) -> int:
+        itemsize = tvm.DataType(str(buf.dtype)).itemsize
+        assert offsets[buf] % itemsize == 0, (buf, offsets[buf])
+        return offsets[buf] // itemsize
+
+    def alloc(node):
+        return tirx.DeclBuffer(node.buffer, data=pool_ptr) if node.buffer in offsets else node
+
+    def load(node):
+        if node.source not in offsets:
+            return node
+        return tirx.BufferLoad(node.source, [_shift(node.indices[0], elems(node.source))])
+
+    def store(node):
+        if node.buffer not in offsets:
+            return node
+        return tirx.BufferStore(node.buffer, node.value, [_shift(node.indices[0], elems(node.buffer))])
+
+    def access_ptr(call):
+        buf = _access_ptr_buffer(call)
+        if buf is None or buf not in offsets:
+            return call
+        args = list(call.args)
+        args[2] = _shift(args[2], offsets[buf] // tvm.DataType(_dtype(args[0])).itemsize)
+        return tvm.ir.Call(call.ty, call.op, args)
+
+    return tvm_ffi.structural_map(body, [
+        (tirx.AllocBuffer, alloc), (tvm.ir.TensorLoad, load), (tirx.BufferStore, store), (tvm.ir.Call, access_ptr),
+    ])
+
+
+def _keep_pool_bytes(pool, body):
+    """Pin the pool's uint8 element type through StorageRewrite (see module docstring).
+
+    StorageRewrite's pointer-type rewrite retypes an allocation whose accesses (views included)
+    all share one element type T, keeping the element count: a uint8[n] pool seen only through
+    float32 views becomes float32[n], 4x the shared memory. One uint8 access (an address taken
+    and discarded, removed later by RemoveNoOp) makes the access types mixed: the pool stays uint8.
+    """
+    anchor = tirx.address_of(tirx.BufferLoad(pool, [tirx.const(0, "int32")]))
+    return _seq([tirx.Evaluate(anchor), body])
+
+
+def _access_ptr_buffer(call):
+    """The buffer Var a ``tvm_access_ptr`` call addresses, else None."""
+    if not call.op.same_as(_ACCESS_PTR_OP):
+        return None
+    src = call.args[1]
+    return src.args[0] if isinstance(src, tvm.ir.Call) and len(src.args) == 1 else src
+
+
+def _named_barriers(body, barrier_id: int, nthreads: int):
+    """Block barriers become ``bar.sync barrier_id, nthreads`` over the active threads only."""
+
+    def rewrite(call):
+        if call.op.same_as(_SYNC_OP) and call.args[0].value == "shared":
+            return cuda_func_call(NAMED_BARRIER, tirx.const(barrier_id, "int32"), tirx.const(nthreads, "int32"),
+                                  source_code=NAMED_BARRIER_SOURCE)
+        return call
+
+    return tvm_ffi.structural_map(body, (tvm.ir.Call, rewrite))
+
+
+def _seq(stmts) -> tirx.Stmt:
+    """Flattened SeqStmt (a single statement stays as is)."""
+    flat = []
+    for stmt in stmts:
+        flat.extend(stmt.seq if isinstance(stmt, tirx.SeqStmt) else [stmt])
+    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
+
+
+def instantiate(kernel: LoweredKernel, data_vars, rtask_id, tid, veu_threads: int, smem_pool=None,
+                barrier_id: int = 1) -> tirx.Stmt:
+    """Statement running rTask ``rtask_id`` of ``kernel`` on the vEU thread ``tid`` (see module doc).
+
+    ``data_vars[i]`` (a buffer Var of the persistent kernel) replaces ``kernel.params[i]``;
+    ``smem_pool`` is a uint8 shared buffer Var of at least ``kernel.shared_bytes`` bytes (with
+    ``None`` the shared allocations stay inside the statement, one static allocation per call).
+    """
+    _check_args(kernel, data_vars, veu_threads, smem_pool)
+    _check_early_exit(kernel, veu_threads)
+    early_exit = kernel.threads < veu_threads
+    rename = {var: _fresh(var) for var in _defined_vars(kernel.body)}
+    for var in list(kernel.block_vars.values()) + list(kernel.thread_vars.values()):
+        rename[var] = _fresh(var)
+    rename.update(zip(kernel.params, data_vars))
+    body = tvm_ffi.structural_map(kernel.body, (tvm.ir.Var, lambda v: rename.get(v, v)))
+    if smem_pool is not None and kernel.shared_bytes:
+        body = _keep_pool_bytes(smem_pool, _into_pool(body, smem_pool))
+    if early_exit and kernel.has_sync:
+        body = _named_barriers(body, barrier_id, kernel.threads)
+    threads = _axis_binds(kernel.thread_vars, THREAD_AXES, kernel.block, tid, rename)
+    body = _seq(threads + [body])
+    if early_exit:
+        body = tirx.IfThenElse(tid < _as(_dtype(tid), kernel.threads), body, None)
+    blocks = _axis_binds(kernel.block_vars, BLOCK_AXES, kernel.grid, rtask_id, rename)
+    return tirx.AttrStmt(tirx.const(0, "int32"), "hand_threaded", 0, _seq(blocks + [body]))
