@@ -5,7 +5,8 @@ setup(
     name="tvm-rammer",
     version="0.1.0",
     description="Rammer-style persistent-kernel compilation (rTasks, vEUs, rPrograms) for Apache TVM",
-    packages=["tvm_rammer", "tvm_rammer.codegen", "tvm_rammer.models", "relay_passes", "tir_templates"],
+    packages=["tvm_rammer", "tvm_rammer.codegen", "tvm_rammer.models", "tvm_rammer.benchmarks",
+              "tvm_rammer.tuning", "relay_passes", "tir_templates"],
     python_requires=">=3.10",
     install_requires=[
         "apache-tvm==0.27.0.post1",

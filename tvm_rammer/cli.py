@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, model=False)
     p.add_argument("--branches", type=int, default=16)
     p.set_defaults(func=cmd_demo)
+    from .benchmarks.cli import register as register_bench
+    from .tuning.cli import register as register_tune
+
+    register_bench(sub, _add_common, _config)
+    register_tune(sub, _add_common, _config)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: every baseline side by side on the same device (issue 3)."""

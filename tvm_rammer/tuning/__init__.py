@@ -1,0 +1,1 @@
+"""Profiling, rKernel versions and MetaSchedule tuning (issue 4)."""
