@@ -1,0 +1,258 @@
+"""A lower bound on a model's latency from its graph and the device's peaks.
+
+Input: a Relax module as imported from ONNX. ``op_costs`` runs ``LegalizeOps`` and ``FoldConstant``
+(constant subgraphs are not run-time work) and reads every ``call_tir`` of ``main``'s dataflow block
+through ``relay_passes.dataflow_graph.DataflowGraph``:
+
+* FLOPs of an operator: ``tvm.s_tir.analysis.estimate_tir_flops`` of its PrimFunc;
+* bytes of an operator: the sizes of its distinct tensor arguments plus its outputs.
+  A PrimFunc with a reshape pattern (``relax.analysis.has_reshape_pattern``) costs nothing: TVM's
+  ``RewriteDataflowReshape`` turns it into a view, so charging it would break the bound.
+
+``floor(costs, peaks)`` takes the largest of three bounds, none of which a schedule can beat:
+
+* compute: total FLOPs / peak FLOP/s;
+* memory: every weight and every graph input read once, every graph output written once,
+  / peak bandwidth;
+* critical path: the longest path through the dataflow graph where each operator costs
+  ``max(flops / peak, bytes / bandwidth)`` (operators on one path cannot overlap).
+
+Peaks are measured on the GPU when there is one (``measure_peaks``) and otherwise the datasheet
+values of the target's GPU (``nominal_peaks``), labelled as nominal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from relay_passes.dataflow_graph import DataflowGraph
+
+# Datasheet values, FP32 without tensor cores (the models run in float32): NVIDIA H100 SXM5 80 GB
+# (67 TFLOP/s FP32, 3.35 TB/s HBM3) and H200 SXM 141 GB (67 TFLOP/s FP32, 4.8 TB/s HBM3e).
+NOMINAL = {
+    "h100": dict(flops_per_s=67e12, bytes_per_s=3.35e12,
+                 source="nominal: NVIDIA H100 SXM5 datasheet, FP32 non-tensor 67 TFLOP/s, "
+                        "HBM3 3.35 TB/s"),
+    "h200": dict(flops_per_s=67e12, bytes_per_s=4.8e12,
+                 source="nominal: NVIDIA H200 SXM datasheet, FP32 non-tensor 67 TFLOP/s, "
+                        "HBM3e 4.8 TB/s"),
+}
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """Device peaks used by the floor; ``source`` says whether measured or nominal (and how)."""
+
+    flops_per_s: float
+    bytes_per_s: float
+    source: str
+    measured: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One operator of the graph: its node index, name, FLOPs, bytes and predecessors."""
+
+    index: int
+    name: str
+    flops: float
+    bytes: float
+    preds: tuple
+
+
+@dataclass(frozen=True)
+class GraphCost:
+    """Per-operator costs, plus the bytes of reading each weight/input and writing each output once."""
+
+    ops: tuple
+    io_bytes: float
+    opaque: tuple  # names of the bindings that are neither call_tir nor aliases (not costed)
+
+    @property
+    def flops(self) -> float:
+        return float(sum(op.flops for op in self.ops))
+
+
+def _tensor_bytes(ty) -> float:
+    shape = getattr(ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return 0.0
+    dims = [int(v.value) if isinstance(v, tirx.IntImm) else None for v in shape.values]
+    if any(d is None for d in dims):
+        return 0.0  # symbolic: no static lower bound; 0 keeps the floor a lower bound
+    return float(np.prod(dims, dtype=np.float64)) * tvm.DataType(str(ty.dtype)).bits / 8
+
+
+def legalized(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` after LegalizeOps and FoldConstant: every operator a call_tir of a PrimFunc."""
+    mod = relax.transform.LegalizeOps()(mod)
+    return relax.transform.FoldConstant()(mod)
+
+
+def op_costs(mod: tvm.IRModule, legalize: bool = True) -> GraphCost:
+    """FLOPs and bytes of every operator of ``mod["main"]`` (see the module docstring)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    if legalize:
+        mod = legalized(mod)
+    graph = DataflowGraph.from_function(mod["main"], mod)
+    flops_of = {}
+    ops, opaque = [], []
+    io = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            if t.producer is None:  # a weight (constant) or a graph input, read once
+                io[t] = _tensor_bytes(t.ty)
+        if node.kind == "alias":
+            ops.append(OpCost(node.index, node.name, 0.0, 0.0, tuple(node.preds)))
+            continue
+        if node.kind != "call_tir":
+            opaque.append(node.name)
+            ops.append(OpCost(node.index, node.name, 0.0, 0.0, tuple(node.preds)))
+            continue
+        func = mod[node.gvar]
+        if node.gvar.name_hint not in flops_of:
+            if relax.analysis.has_reshape_pattern(func):
+                flops_of[node.gvar.name_hint] = None
+            else:
+                flops_of[node.gvar.name_hint] = float(
+                    estimate_tir_flops(tvm.IRModule({"main": func})))
+        flops = flops_of[node.gvar.name_hint]
+        if flops is None:  # a view after RewriteDataflowReshape
+            ops.append(OpCost(node.index, node.name, 0.0, 0.0, tuple(node.preds)))
+            continue
+        seen, nbytes = set(), 0.0
+        for t in list(node.inputs) + list(node.outputs):
+            if t not in seen:
+                seen.add(t)
+                nbytes += _tensor_bytes(t.ty)
+        ops.append(OpCost(node.index, node.name, flops, nbytes, tuple(node.preds)))
+    for t in graph.graph_outputs:
+        io[t] = _tensor_bytes(t.ty)
+    return GraphCost(tuple(ops), float(sum(io.values())), tuple(opaque))
+
+
+def floor(cost: GraphCost, peaks: Peaks) -> dict:
+    """The three bounds and their maximum, in microseconds, with the totals they come from."""
+    finish = {}
+    for op in cost.ops:  # binding order is a topological order
+        own = max(op.flops / peaks.flops_per_s, op.bytes / peaks.bytes_per_s)
+        finish[op.index] = own + max((finish[p] for p in op.preds), default=0.0)
+    compute = cost.flops / peaks.flops_per_s
+    memory = cost.io_bytes / peaks.bytes_per_s
+    critical = max(finish.values(), default=0.0)
+    return {
+        "flops": cost.flops,
+        "bytes": cost.io_bytes,
+        "ops": sum(1 for op in cost.ops if op.flops or op.bytes),
+        "uncosted_ops": list(cost.opaque),
+        "compute_us": compute * 1e6,
+        "memory_us": memory * 1e6,
+        "critical_path_us": critical * 1e6,
+        "floor_us": max(compute, memory, critical) * 1e6,
+        "bound": max((("compute", compute), ("memory", memory), ("critical_path", critical)),
+                     key=lambda kv: kv[1])[0],
+    }
+
+
+def nominal_peaks(target) -> Peaks:
+    """Datasheet peaks of the target's GPU (H200 when the target names one, H100 otherwise)."""
+    text = str(target).lower()
+    key = "h200" if "h200" in text else "h100"
+    return Peaks(**NOMINAL[key], measured=False)
+
+
+def measure_peaks(dev=None, copy_mib: int = 1024, matmul_n: int = 8192, repeat: int = 20) -> Peaks:
+    """Measured bandwidth (device-to-device copy) and FP32 matmul throughput on the GPU.
+
+    Bandwidth: a ``copy_mib`` MiB ``tvm.runtime.tensor`` copied with ``copyto`` on the device,
+    median of ``repeat`` copies, counted as read + write. FLOP/s: the fastest of an ``matmul_n``^3
+    FP32 matmul from torch (TF32 off) when torch imports, and one compiled by TVM's default CUDA
+    pipeline (dlight), each timed as a median after warm-up.
+    """
+    dev = dev or tvm.cuda(0)
+    n = copy_mib * (1 << 20) // 4
+    src = tvm.runtime.tensor(np.ones(n, "float32"), dev)
+    dst = tvm.runtime.empty((n,), "float32", dev)
+    for _ in range(3):
+        src.copyto(dst)
+    dev.sync()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        src.copyto(dst)
+        dev.sync()
+        samples.append(time.perf_counter() - start)
+    bandwidth = 2 * n * 4 / float(np.median(samples))
+    del src, dst
+    flops, how = 0.0, []
+    tvm_rate = _tvm_matmul_rate(dev, matmul_n)
+    if tvm_rate:
+        flops, how = tvm_rate, [f"TVM dlight matmul {matmul_n}^3 {tvm_rate / 1e12:.1f} TFLOP/s"]
+    torch_rate = _torch_matmul_rate(matmul_n)
+    if torch_rate:
+        how.append(f"torch matmul {torch_rate / 1e12:.1f} TFLOP/s")
+        flops = max(flops, torch_rate)
+    if not flops:
+        raise RuntimeError("could not time any matmul on the GPU")
+    return Peaks(flops, bandwidth, measured=True,
+                 source=f"measured: D2D copy of {copy_mib} MiB {bandwidth / 1e12:.2f} TB/s; "
+                        + "; ".join(how))
+
+
+def _tvm_matmul_rate(dev, n: int) -> float:
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Matmul:  # noqa: D401 - TVMScript module
+        @R.function
+        def main(a: R.Tensor((n, n), "float32"), b: R.Tensor((n, n), "float32")):
+            with R.dataflow():
+                c = R.matmul(a, b)
+                R.output(c)
+            return c
+
+    try:
+        target = tvm.target.Target.from_device(dev)
+        ex = tvm.compile(Matmul, target=target, relax_pipeline="default")
+        vm = relax.VirtualMachine(ex, dev)
+        rng = np.random.default_rng(0)
+        a = tvm.runtime.tensor(rng.standard_normal((n, n)).astype("float32"), dev)
+        b = tvm.runtime.tensor(rng.standard_normal((n, n)).astype("float32"), dev)
+        vm["main"](a, b)
+        median = vm.time_evaluator("main", dev, number=3, repeat=5)(a, b).median
+        return 2.0 * n ** 3 / median
+    except Exception:  # a peak we cannot measure is left to the other source
+        return 0.0
+
+
+def _torch_matmul_rate(n: int) -> float:
+    try:
+        import torch
+    except ImportError:
+        return 0.0
+    if not torch.cuda.is_available():
+        return 0.0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2.0 * n ** 3 / float(np.median(times))

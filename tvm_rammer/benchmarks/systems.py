@@ -1,0 +1,221 @@
+"""The systems compared: three TVM pipelines and two PyTorch modes of the same ONNX graph.
+
+Every system is compiled, counted, checked against onnxruntime and timed the same way:
+
+* ``lower``: the Relax pipeline only (timed; kernel launches are counted from its output);
+* ``build``: ``relax.build`` of the lowered module to CUDA (no second pipeline run);
+* ``run``: outputs compared with onnxruntime, then the median of many runs after warm-up.
+
+Launch counting (``launches_per_inference``): ``tvm_rammer.launches.count_launches`` for the plain
+pipelines. With CUDA graphs a replay is one ``cudaGraphLaunch``, but what it runs on the GPU is
+every kernel captured in it, so a replay counts as the number of kernels captured (the kernels of
+the capture function, counted the same way) and the kernels left outside any graph count one each;
+``cuda_graph_launches`` also reports the replays and captured kernels separately.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..config import RammerConfig
+from ..frontend import lower as lower_rammer
+from ..inspection import plain_cuda_target
+from ..launches import _count_in, count_launches, kernels_in_primfunc
+from ..pipeline import rammer_pipeline
+from ..target import resolve_target
+
+TVM_DEFAULT = "tvm-default"
+TVM_CUDA_GRAPH = "tvm-cudagraph"
+TVM_RAMMER = "tvm-rammer"
+TORCH_EAGER = "torch-eager"
+TORCH_CUDA_GRAPH = "torch-cudagraph"
+TVM_SYSTEMS = (TVM_DEFAULT, TVM_CUDA_GRAPH, TVM_RAMMER)
+TORCH_SYSTEMS = (TORCH_EAGER, TORCH_CUDA_GRAPH)
+SYSTEMS = TVM_SYSTEMS + TORCH_SYSTEMS
+DESCRIPTIONS = {
+    TVM_DEFAULT: "TVM 0.27 default CUDA Relax pipeline (the paper's RammerBase)",
+    TVM_CUDA_GRAPH: "TVM default pipeline with relax.backend.use_cuda_graph=True",
+    TVM_RAMMER: "tvm-rammer pipeline (rPrograms as persistent kernels)",
+    TORCH_EAGER: "PyTorch eager, ONNX graph converted by onnx2torch",
+    TORCH_CUDA_GRAPH: "PyTorch CUDA-graph replay of the same module",
+}
+CUDA_GRAPH_CONFIG = {"relax.backend.use_cuda_graph": True}
+_RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
+
+
+@dataclass
+class TVMSystem:
+    """One TVM pipeline: how to lower a Relax module, for which target, under which PassContext."""
+
+    name: str
+    target: tvm.target.Target
+    config: RammerConfig
+
+    @property
+    def pass_config(self) -> dict:
+        return CUDA_GRAPH_CONFIG if self.name == TVM_CUDA_GRAPH else {}
+
+    @property
+    def build_target(self) -> tvm.target.Target:
+        return self.target if self.name == TVM_RAMMER else plain_cuda_target(self.target)
+
+    def lower(self, mod: tvm.IRModule) -> tvm.IRModule:
+        """The Relax pipeline only (what ``tvm.compile`` runs before code generation)."""
+        with tvm.transform.PassContext(config=self.pass_config):
+            if self.name == TVM_RAMMER:
+                return lower_rammer(mod, self.target, self.config)
+            plain = plain_cuda_target(self.target)
+            with plain:
+                return relax.get_default_pipeline(plain)(mod)
+
+    def build(self, lowered: tvm.IRModule):
+        """CUDA code generation of an already lowered module (the pipeline is not run again)."""
+        with tvm.transform.PassContext(config=self.pass_config):
+            return relax.build(lowered, target=self.build_target, relax_pipeline=None)
+
+    def launches(self, lowered: tvm.IRModule) -> dict:
+        """``launches`` per inference (see the module docstring) and how they were counted."""
+        if self.name == TVM_CUDA_GRAPH:
+            return cuda_graph_launches(lowered)
+        return {"launches": count_launches(lowered), "launch_note": "kernel launches"}
+
+
+def tvm_systems(target, config: RammerConfig) -> list:
+    """The three TVM systems for ``target`` (a rammer tag or any CUDA target)."""
+    target = resolve_target(target)
+    return [TVMSystem(name, target, config) for name in TVM_SYSTEMS]
+
+
+def cuda_graph_launches(mod: tvm.IRModule, entry: str = "main") -> dict:
+    """Kernels per inference of a module lowered with CUDA graphs: captured + outside graphs."""
+    per_func = {gv.name_hint: kernels_in_primfunc(f) for gv, f in mod.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc)}
+    relax_funcs = {gv.name_hint: f for gv, f in mod.functions_items()
+                   if isinstance(f, relax.Function)}
+    outside = count_launches(mod, entry)
+    captured, replays = 0, 0
+
+    def on_call(call):
+        nonlocal captured, replays
+        op = call.op
+        if isinstance(op, tvm.ir.Op) and op.name == "relax.call_builtin_with_ctx":
+            name = str(call.args[0].global_symbol) if isinstance(call.args[0], relax.ExternFunc) \
+                else ""
+            if name == _RUN_OR_CAPTURE:
+                capture = call.args[1].fields[0]
+                replays += 1
+                captured += _count_in(relax_funcs[capture.name_hint], per_func, relax_funcs, set())
+
+    tvm_ffi.structural_walk(relax_funcs[entry].body, (relax.Call, on_call))
+    return {"launches": outside + captured, "graph_replays": replays,
+            "captured_kernels": captured, "kernels_outside_graphs": outside,
+            "launch_note": f"{captured} kernels captured in {replays} CUDA graph(s), counted as "
+                           f"kernels, + {outside} launched outside graphs"}
+
+
+# --- running and timing ---------------------------------------------------------------------
+
+def _flatten(result) -> list:
+    if isinstance(result, (list, tuple)) or type(result).__name__ == "Array":
+        return [x for r in result for x in _flatten(r)]
+    return [result.numpy()]
+
+
+def _stats(samples_us) -> dict:
+    arr = np.asarray(samples_us, dtype=np.float64)
+    return {"median": float(np.median(arr)), "min": float(arr.min()), "max": float(arr.max()),
+            "mean": float(arr.mean()), "std": float(arr.std()), "samples": int(arr.size)}
+
+
+def run_tvm(ex, inputs: list, dev, runs: int) -> tuple:
+    """(outputs, latency stats in us): one checked call, warm-up, then ``time_evaluator``.
+
+    ``time_evaluator`` runs ``number`` calls per sample after its own warm-up call; the median of
+    ``repeat`` samples is reported (``runs`` calls in all, at least 10 samples).
+    """
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    outs = _flatten(vm["main"](*args))  # also captures the CUDA graph, if any
+    repeat = max(10, min(runs, 50))
+    number = max(1, runs // repeat)
+    timer = vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=0,
+                              cooldown_interval_ms=0)
+    result = timer(*args)
+    return outs, _stats([r * 1e6 for r in result.results])
+
+
+def torch_available() -> str:
+    """'' when torch (with CUDA) and onnx2torch import, else the reason they cannot be used."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed (pip install torch onnx2torch)"
+    try:
+        import onnx2torch  # noqa: F401
+    except ImportError:
+        return "onnx2torch is not installed (pip install onnx2torch)"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return ""
+
+
+def torch_module(proto):
+    """The ONNX graph as a torch module on the GPU (onnx2torch), in eval mode."""
+    from onnx2torch import convert
+
+    return convert(proto).cuda().eval()
+
+
+def run_torch(module, inputs: list, runs: int, cuda_graph: bool) -> tuple:
+    """(outputs, latency stats in us) of eager or CUDA-graph replay, timed with CUDA events."""
+    import torch
+
+    args = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in inputs]
+    with torch.inference_mode():
+        if cuda_graph:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    module(*args)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = module(*args)
+
+            def call():
+                graph.replay()
+                return static_out
+        else:
+            def call():
+                return module(*args)
+        out = call()
+        torch.cuda.synchronize()
+        outs = [o.detach().cpu().numpy() for o in (out if isinstance(out, (list, tuple))
+                                                     else [out])]
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(max(10, runs)):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+    return outs, _stats(samples)
+
+
+def timed(fn, *args):
+    """(result, seconds) of ``fn(*args)``."""
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
