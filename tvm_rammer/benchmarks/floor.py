@@ -70,7 +70,7 @@ class OpCost:
 
 @dataclass(frozen=True)
 class GraphCost:
-    """Per-operator costs, plus the bytes of reading each weight/input and writing each output once."""
+    """Per-operator costs, plus the bytes of reading each weight/input and writing each output."""
 
     ops: tuple
     io_bytes: float
