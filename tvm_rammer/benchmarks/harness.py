@@ -118,7 +118,7 @@ def device_info(gpu: bool) -> dict:
     info.update(name=str(dev.device_name), compute_version=str(dev.compute_version),
                 multi_processor_count=int(dev.multi_processor_count))
     try:
-        info["cuda_runtime"] = str(tvm.support.libinfo().get("CUDA_VERSION", "unknown"))
+        info["cuda_runtime"] = str(tvm.support.libinfo().get("CUDA_VERSION") or "unknown")
     except Exception:  # libinfo is optional in some builds
         info["cuda_runtime"] = "unknown"
     if shutil.which("nvidia-smi"):
