@@ -1,0 +1,450 @@
+"""Wavefront scheduling policy: Algorithm 1 of Rammer (OSDI'20, section 3.3).
+
+Pure: an :class:`OpGraph` (rOperators, their predecessors, BFS waves) and a :class:`VDevice` in,
+a list of :class:`RProgramPlan` (one per rProgram, each with its per-vEU queues) out.
+
+    Schedule(G, D):                          -> schedule()
+        for each wave W:
+            P1 = ScheduleWave(W, Pcurr, D)     merge W into the current rProgram
+            P2 = ScheduleWave(W, {}, D)        W alone in a new rProgram
+            keep P1 if time(P1) <= time(Pcurr) + time(P2), else close Pcurr and go on with P2
+    ScheduleWave(W, P, D):                   -> schedule_wave()
+        SelectRKernels(W, P)                   -> select_rkernels()
+        for op in W, for r in op.rTasks: Append(r, SelectvEU(op, P, D)) after Wait(r, preds' rTasks)
+
+Choices this implementation makes where the paper leaves them open:
+
+- time(P) is analytical unless a ``profile`` callable returns a measured time: the makespan of a
+  per-vEU timeline (each rTask takes its rKernel's ``time_us``; an rTask whose operator has
+  predecessors in the same rProgram starts after they all finish plus ``barrier_us``) plus
+  ``launch_us`` per rProgram and ``grid_sync_us`` when it has barriers. So P1 against Pcurr + P2 weighs
+  the barriers of a merge against the launch of one more kernel.
+- SelectvEU picks the vEU where the rTask can start first, ties broken by the lowest vEU index.
+- vEUs are sized by the widest selected rTask (paper 4.1.2), so adding a wave may lower the vEUs per
+  SM; the plan is then rebuilt from its operators with the new vEU count.
+- A wave whose rKernels cannot share one vEU shape (e.g. 1024 threads in one, 255 registers in
+  another) is cut into chunks that can, each scheduled like a wave.
+- An operator whose dependency would add more than ``max_waits_per_op`` barrier wait entries
+  (all-to-all between many vEUs) is not merged: it starts a new rProgram.
+- ``graph.split_before`` holds wave indices where an rProgram must start anew (an operator that cannot
+  become rTasks runs there, between two rPrograms).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Literal, Mapping, Sequence
+
+from .cost_model import CostModelConfig
+from .rprogram import RProgram
+from .rtask import RKernel, ROperator, RTask
+from .vdevice import VDevice
+
+__all__ = [
+    "OpGraph",
+    "PolicyConfig",
+    "PartialPlan",
+    "RProgramPlan",
+    "schedule",
+    "schedule_wave",
+    "select_rkernels",
+    "select_veus",
+    "materialize",
+    "plan_time",
+    "replace_cost",
+]
+
+Profile = Callable[["RProgramPlan"], "float | None"]
+_SELECTIONS = ("paper", "fastest", "efficient")
+_MERGES = ("paper", "always", "never")
+
+
+@dataclass
+class OpGraph:
+    """The rOperator dataflow graph as the policy sees it.
+
+    Attributes:
+        ops: uid -> rOperator (only operators that can become rTasks).
+        preds: uid -> predecessor uids; predecessors outside ``ops`` are ignored (``split_before``
+            must separate them).
+        waves: BFS fronts of op uids, in execution order; every op of ``ops`` in exactly one wave.
+        split_before: indices of waves before which an rProgram must end.
+    """
+
+    ops: dict[int, ROperator]
+    preds: dict[int, list[int]]
+    waves: list[list[int]]
+    split_before: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        for uid, op in self.ops.items():
+            if op.uid != uid:
+                raise ValueError(f"OpGraph.ops[{uid}] holds ROperator uid {op.uid}; key it by its uid")
+        wave_of: dict[int, int] = {}
+        for index, wave in enumerate(self.waves):
+            for uid in wave:
+                if uid not in self.ops:
+                    raise ValueError(f"wave {index} names op {uid}, which is not in OpGraph.ops")
+                if uid in wave_of:
+                    raise ValueError(f"op {uid} is in waves {wave_of[uid]} and {index}; put it in exactly one")
+                wave_of[uid] = index
+        unplaced = sorted(set(self.ops) - set(wave_of))
+        if unplaced:
+            raise ValueError(f"ops {unplaced[:10]} are in no wave; every op of OpGraph.ops needs one")
+        for uid, preds in self.preds.items():
+            for pred in preds:
+                if pred in wave_of and uid in wave_of and wave_of[pred] >= wave_of[uid]:
+                    raise ValueError(
+                        f"op {uid} (wave {wave_of[uid]}) depends on op {pred} (wave {wave_of[pred]}); "
+                        "a predecessor must sit in an earlier wave"
+                    )
+
+    def preds_of(self, uid: int) -> list[int]:
+        return list(self.preds.get(uid, ()))
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Options of the policy.
+
+    Attributes:
+        cost: fixed costs and throughput of the analytical model.
+        max_veus: cap on vEUs per rProgram (None: every vEU the occupancy allows).
+        registers: register count of the persistent kernel when known (None: the rKernels' own).
+        max_waits_per_op: most barrier wait entries one operator may add to an rProgram, bounded by
+            (vEUs its rTasks run on) x (vEUs its predecessors' rTasks ran on); a merge needing more
+            starts a new rProgram instead (the kernel boundary is the all-to-all barrier), which keeps
+            the rProgram table small. None: no limit.
+        selection: "paper" (SelectRKernels), "fastest" or "efficient" (always that version).
+        merge: "paper" (P1 vs Pcurr + P2), "always" (one rProgram per split) or "never" (one per wave).
+    """
+
+    cost: CostModelConfig = CostModelConfig()
+    max_veus: int | None = None
+    registers: int | None = None
+    max_waits_per_op: int | None = 1 << 16
+    selection: Literal["paper", "fastest", "efficient"] = "paper"
+    merge: Literal["paper", "always", "never"] = "paper"
+
+    def __post_init__(self) -> None:
+        if self.selection not in _SELECTIONS:
+            raise ValueError(f"PolicyConfig.selection={self.selection!r}; use one of {_SELECTIONS}")
+        if self.merge not in _MERGES:
+            raise ValueError(f"PolicyConfig.merge={self.merge!r}; use one of {_MERGES}")
+        if self.max_veus is not None and (not isinstance(self.max_veus, int) or self.max_veus < 1):
+            raise ValueError(f"PolicyConfig.max_veus={self.max_veus!r}; use None or an int >= 1")
+        if self.max_waits_per_op is not None and (not isinstance(self.max_waits_per_op, int) or self.max_waits_per_op < 1):
+            raise ValueError(f"PolicyConfig.max_waits_per_op={self.max_waits_per_op!r}; use None or an int >= 1")
+        if not isinstance(self.cost, CostModelConfig):
+            raise TypeError(f"PolicyConfig.cost must be a CostModelConfig, got {type(self.cost).__name__}")
+
+
+@dataclass(frozen=True)
+class PartialPlan:
+    """An rProgram under construction: its waves, selected rKernels and per-vEU timeline.
+
+    Immutable: :func:`schedule_wave` returns a new plan, so P1 can be tried without touching Pcurr.
+    ``veu_of[op][rtask_id]`` is the vEU of each rTask, in the order the rTasks are appended.
+    """
+
+    waves: tuple[tuple[int, ...], ...]
+    selected: Mapping[int, int]
+    reason: Mapping[int, str]
+    veus_per_sm: int
+    num_veus: int
+    free: tuple[float, ...]
+    op_finish: Mapping[int, float]
+    veu_of: Mapping[int, tuple[int, ...]]
+    has_waits: bool
+
+    @property
+    def ops(self) -> list[int]:
+        return [op for wave in self.waves for op in wave]
+
+    @property
+    def makespan_us(self) -> float:
+        return max(self.free, default=0.0)
+
+    def analytic_time_us(self, cost: CostModelConfig) -> float:
+        """Makespan plus one launch, plus the grid sync of the step array when the plan has waits."""
+        return self.makespan_us + cost.launch_us + (cost.grid_sync_us if self.has_waits else 0.0)
+
+
+@dataclass
+class RProgramPlan:
+    """One rProgram of the schedule.
+
+    Attributes:
+        program: the per-vEU queues.
+        ops: operator uids in the rProgram, in wave order.
+        selected: op uid -> index of its selected rKernel.
+        reason: op uid -> "fastest", "efficient" or "only" (a single rKernel).
+        veus_per_sm, num_veus: the vDevice shape (vEUs sized by the widest selected rTask).
+        predicted_us: profiled time when ``profiled``, else the analytical time.
+        waves: the waves (or wave chunks) merged into this rProgram.
+    """
+
+    program: RProgram
+    ops: list[int]
+    selected: dict[int, int]
+    reason: dict[int, str]
+    veus_per_sm: int
+    num_veus: int
+    predicted_us: float
+    profiled: bool = False
+    waves: list[list[int]] = field(default_factory=list)
+
+    def kernels(self, graph: OpGraph) -> dict[int, RKernel]:
+        """op uid -> selected rKernel."""
+        return {op: graph.ops[op].kernels[index] for op, index in self.selected.items()}
+
+    def to_dict(self) -> dict:
+        return {
+            "ops": list(self.ops),
+            "waves": [list(w) for w in self.waves],
+            "selected": {str(k): v for k, v in self.selected.items()},
+            "reason": {str(k): v for k, v in self.reason.items()},
+            "veus_per_sm": self.veus_per_sm,
+            "num_veus": self.num_veus,
+            "predicted_us": self.predicted_us,
+            "profiled": self.profiled,
+            "program": self.program.to_dict(),
+        }
+
+
+def _veu_count(kernels: Sequence[RKernel], vdevice: VDevice, config: PolicyConfig) -> tuple[int, int]:
+    """(vEUs per SM, vEUs) for a vEU sized for ``kernels``; raises ValueError when it does not fit."""
+    per_sm = vdevice.veus_per_sm(kernels, config.registers)
+    total = vdevice.num_sms * per_sm
+    return per_sm, total if config.max_veus is None else min(total, config.max_veus)
+
+
+def _fitting(op: ROperator, vdevice: VDevice, config: PolicyConfig) -> list[int]:
+    indices = [i for i, k in enumerate(op.kernels) if vdevice.fits([k], config.registers)]
+    if not indices:
+        raise ValueError(
+            f"no rKernel of op {op.uid} ({op.name}) fits on one SM of {vdevice}; leave the op out of the "
+            "OpGraph (and split there) or give it a smaller rKernel"
+        )
+    return indices
+
+
+def _fastest_index(op: ROperator, vdevice: VDevice, config: PolicyConfig) -> int:
+    def alone(i: int) -> float:
+        kernel = op.kernels[i]
+        return math.ceil(kernel.num_rtasks / _veu_count([kernel], vdevice, config)[1]) * kernel.time_us
+
+    return min(_fitting(op, vdevice, config), key=lambda i: (alone(i), i))
+
+
+def _efficient_index(op: ROperator, vdevice: VDevice, config: PolicyConfig) -> int:
+    return min(_fitting(op, vdevice, config), key=lambda i: (op.kernels[i].work_us, i))
+
+
+def select_veus(free: list[float], ready: float, count: int, time_us: float) -> list[int]:
+    """SelectvEU for ``count`` rTasks of one operator (paper 3.3): each goes to the vEU where it can start
+    first, ``max(free[v], ready)``, ties broken by the lowest vEU index. Updates ``free`` in place."""
+    num = len(free)
+    chosen: list[int] = []
+    if all(f <= ready for f in free):
+        for i in range(count):
+            veu = i % num
+            chosen.append(veu)
+            free[veu] = ready + (i // num + 1) * time_us
+        return chosen
+    heap = [(max(f, ready), v) for v, f in enumerate(free)]
+    heapq.heapify(heap)
+    for _ in range(count):
+        start, veu = heapq.heappop(heap)
+        end = start + time_us
+        free[veu] = end
+        chosen.append(veu)
+        heapq.heappush(heap, (end, veu))
+    return chosen
+
+
+def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, int], reasons: Mapping[int, str],
+           graph: OpGraph, vdevice: VDevice, config: PolicyConfig) -> PartialPlan | None:
+    """``base`` plus ``wave`` with rKernels ``choice``; None when the vEU shape no longer fits an SM or an
+    operator would need more than ``config.max_waits_per_op`` wait entries."""
+    selected = {**(base.selected if base else {}), **choice}
+    kernels = [graph.ops[op].kernels[i] for op, i in selected.items()]
+    try:
+        per_sm, num_veus = _veu_count(kernels, vdevice, config)
+    except ValueError:
+        return None
+    waves = (base.waves if base else ()) + (tuple(wave),)
+    if base is not None and base.num_veus == num_veus:
+        todo = [tuple(wave)]
+        free, op_finish, veu_of, has_waits = list(base.free), dict(base.op_finish), dict(base.veu_of), base.has_waits
+    else:
+        todo = list(waves)
+        free, op_finish, veu_of, has_waits = [0.0] * num_veus, {}, {}, False
+    for part in todo:
+        for op in part:
+            kernel = graph.ops[op].kernels[selected[op]]
+            inside = [p for p in graph.preds_of(op) if p in op_finish]
+            ready = max(op_finish[p] for p in inside) + config.cost.barrier_us if inside else 0.0
+            has_waits = has_waits or bool(inside)
+            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us)
+            if inside and config.max_waits_per_op is not None:
+                producers = set().union(*(veu_of[p] for p in inside))
+                if len(set(veus)) * len(producers) > config.max_waits_per_op:
+                    return None
+            veu_of[op] = tuple(veus)
+            op_finish[op] = max(free[v] for v in set(veus))
+    return PartialPlan(
+        waves=waves,
+        selected=selected,
+        reason={**(base.reason if base else {}), **reasons},
+        veus_per_sm=per_sm,
+        num_veus=num_veus,
+        free=tuple(free),
+        op_finish=op_finish,
+        veu_of=veu_of,
+        has_waits=has_waits,
+    )
+
+
+def materialize(plan: PartialPlan, graph: OpGraph, config: PolicyConfig, profile: Profile | None = None) -> RProgramPlan:
+    """Build the plan's RProgram with Append and Wait (paper 3.3, Algorithm 1 lines 15-18).
+
+    Each rTask waits for the last rTask of its predecessors on every vEU (Wait keeps only the last of
+    consecutive rTasks); only an operator's first rTask on a vEU calls Wait, as later ones follow it.
+    """
+    program = RProgram(plan.num_veus)
+    for op in plan.ops:
+        frontier: dict[int, tuple[int, RTask]] = {}
+        for pred in graph.preds_of(op):
+            for task in program.tasks_of(pred):
+                veu, order = program.location(task)
+                if veu not in frontier or frontier[veu][0] < order:
+                    frontier[veu] = (order, task)
+        waits = [task for _, task in frontier.values()]
+        waited: set[int] = set()
+        for rtask_id, veu in enumerate(plan.veu_of[op]):
+            task = RTask(op, rtask_id)
+            if waits and veu not in waited:
+                program.wait(task, waits)
+                waited.add(veu)
+            program.append(task, veu)
+    cost = config.cost
+    analytic = plan.makespan_us + cost.launch_us + (cost.grid_sync_us if program.num_barriers else 0.0)
+    result = RProgramPlan(
+        program=program,
+        ops=plan.ops,
+        selected=dict(plan.selected),
+        reason=dict(plan.reason),
+        veus_per_sm=plan.veus_per_sm,
+        num_veus=plan.num_veus,
+        predicted_us=analytic,
+        waves=[list(w) for w in plan.waves],
+    )
+    measured = profile(result) if profile is not None else None
+    if measured is not None:
+        result.predicted_us = float(measured)
+        result.profiled = True
+    return result
+
+
+def plan_time(plan: PartialPlan | None, graph: OpGraph, config: PolicyConfig, profile: Profile | None = None) -> float:
+    """time(P) of Algorithm 1: profiled when ``profile`` returns a time, else analytical; infinity for
+    ``None`` (a plan whose vEU shape does not fit)."""
+    if plan is None:
+        return math.inf
+    if profile is None:
+        return plan.analytic_time_us(config.cost)
+    return materialize(plan, graph, config, profile).predicted_us
+
+
+def select_rkernels(wave: Sequence[int], plan: PartialPlan | None, graph: OpGraph, vdevice: VDevice,
+                    config: PolicyConfig, profile: Profile | None = None) -> tuple[dict[int, int], dict[int, str]]:
+    """SelectRKernels (paper 3.3): the fastest rKernels when all their rTasks together do not fill the
+    vEUs; otherwise the most efficient ones if the plan with them is faster. Returns (op -> kernel index,
+    op -> reason)."""
+    return _select_and_place(wave, plan, graph, vdevice, config, profile)[:2]
+
+
+def _select_and_place(wave, plan, graph, vdevice, config, profile):
+    def label(op: int, name: str) -> str:
+        return "only" if len(graph.ops[op].kernels) == 1 else name
+
+    fastest = {op: _fastest_index(graph.ops[op], vdevice, config) for op in wave}
+    efficient = {op: _efficient_index(graph.ops[op], vdevice, config) for op in wave}
+    fast_reason = {op: label(op, "fastest") for op in wave}
+    eff_reason = {op: label(op, "efficient") for op in wave}
+    if config.selection == "fastest":
+        return fastest, fast_reason, _place(plan, wave, fastest, fast_reason, graph, vdevice, config)
+    if config.selection == "efficient":
+        return efficient, eff_reason, _place(plan, wave, efficient, eff_reason, graph, vdevice, config)
+    with_fastest = _place(plan, wave, fastest, fast_reason, graph, vdevice, config)
+    rtasks = sum(graph.ops[op].kernels[i].num_rtasks for op, i in fastest.items())
+    if efficient == fastest or (with_fastest is not None and rtasks <= with_fastest.num_veus):
+        return fastest, fast_reason, with_fastest
+    with_efficient = _place(plan, wave, efficient, eff_reason, graph, vdevice, config)
+    if plan_time(with_efficient, graph, config, profile) < plan_time(with_fastest, graph, config, profile):
+        return efficient, eff_reason, with_efficient
+    return fastest, fast_reason, with_fastest
+
+
+def schedule_wave(wave: Sequence[int], plan: PartialPlan | None, graph: OpGraph, vdevice: VDevice,
+                  config: PolicyConfig = PolicyConfig(), profile: Profile | None = None) -> PartialPlan | None:
+    """ScheduleWave (Algorithm 1): ``plan`` (None: a new rProgram) extended with ``wave``. Returns None
+    when the wave cannot join ``plan`` (no common vEU shape, or too many wait entries)."""
+    return _select_and_place(wave, plan, graph, vdevice, config, profile)[2]
+
+
+def _chunks(wave: Sequence[int], graph: OpGraph, vdevice: VDevice, config: PolicyConfig) -> list[list[int]]:
+    """Cut ``wave`` into runs of ops whose primary rKernels fit one vEU shape together."""
+    pick = _efficient_index if config.selection == "efficient" else _fastest_index
+    chunks: list[list[int]] = []
+    kernels: list[RKernel] = []
+    for op in wave:
+        kernel = graph.ops[op].kernels[pick(graph.ops[op], vdevice, config)]
+        if chunks and vdevice.fits(kernels + [kernel], config.registers):
+            chunks[-1].append(op)
+            kernels.append(kernel)
+        else:
+            chunks.append([op])
+            kernels = [kernel]
+    return chunks
+
+
+def schedule(graph: OpGraph, vdevice: VDevice, config: PolicyConfig = PolicyConfig(),
+             profile: Profile | None = None) -> list[RProgramPlan]:
+    """Schedule (Algorithm 1): the rPrograms, in execution order, covering every op of ``graph`` once."""
+    plans: list[RProgramPlan] = []
+    current: PartialPlan | None = None
+    current_time = 0.0
+
+    def close() -> None:
+        nonlocal current
+        if current is not None:
+            plans.append(materialize(current, graph, config, profile))
+        current = None
+
+    for index, wave in enumerate(graph.waves):
+        if index in graph.split_before:
+            close()
+        for chunk in _chunks(wave, graph, vdevice, config):
+            alone = schedule_wave(chunk, None, graph, vdevice, config, profile)
+            assert alone is not None, f"chunk {chunk} fits one vEU shape by construction"
+            alone_time = plan_time(alone, graph, config, profile)
+            merged = None
+            if current is not None and config.merge != "never":
+                merged = schedule_wave(chunk, current, graph, vdevice, config, profile)
+            if merged is not None:
+                merged_time = plan_time(merged, graph, config, profile)
+                if config.merge == "always" or merged_time <= current_time + alone_time:
+                    current, current_time = merged, merged_time
+                    continue
+            close()
+            current, current_time = alone, alone_time
+    close()
+    return plans
+
+
+def replace_cost(config: PolicyConfig, **costs: float) -> PolicyConfig:
+    """``config`` with some fields of its cost model replaced (e.g. ``launch_us=0``)."""
+    return replace(config, cost=replace(config.cost, **costs))
