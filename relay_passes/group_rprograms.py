@@ -58,23 +58,54 @@ def _static_shape(tensor) -> tuple:
 
 
 def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, vdevice):
-    """rOperators for every placeable node; unplaceable nodes get their reason logged."""
+    """rOperators for every placeable node; unplaceable nodes get their reason logged.
+
+    With ``config.versions`` each operator gets several rKernel versions (``tvm_rammer.tuning``) timed
+    by the profiler; otherwise one rKernel, the pipeline's dlight schedule, timed analytically."""
+    from tvm_rammer.tuning import versions as tv
+    from tvm_rammer.tuning.profile_db import ProfileDB
+    from tvm_rammer.tuning.profiler import Profiler
+    from tvm_rammer.tuning.tune import open_database
+
     ops, skipped = {}, {}
+    if config.versions:
+        stash = tv.unscheduled_funcs(mod)
+        if not stash:
+            LOG.info("tvm-rammer: no unscheduled PrimFuncs stashed (StashUnscheduled did not run); "
+                     "one rKernel version per operator")
+        database = None if config.tuning_db is None else open_database(config.tuning_db)
+        db = ProfileDB.load(config.profile_db)
+        # measure on the GPU only when asked to keep the results (--profile-db)
+        profiler = Profiler(db, target, use_gpu=config.profile_db is not None)
     for node in graph.nodes:
         if node.kind == "alias":
             continue
         if not node.placeable:
             skipped[node.index] = node.reason
             continue
+        name = node.gvar.name_hint
+        if config.versions:
+            found = tv.kernel_versions(name, target, scheduled=mod[node.gvar],
+                                       unscheduled=stash.get(name), database=database)
+            if not found:
+                skipped[node.index] = f"{name}: prelower rejected every rKernel version"
+                continue
+            ops[node.index] = rkernels.operator_versions(node.index, name, mod[node.gvar], found,
+                                                         config, vdevice, profiler)
+            continue
         try:
-            lowered = prelower(mod[node.gvar], target, name=node.gvar.name_hint)
+            lowered = prelower(mod[node.gvar], target, name=name)
         except UnsupportedKernel as err:
             skipped[node.index] = str(err)
             continue
-        ops[node.index] = rkernels.operator_from_kernel(node.index, node.gvar.name_hint,
-                                                        mod[node.gvar], lowered, config, vdevice)
+        ops[node.index] = rkernels.operator_from_kernel(node.index, name, mod[node.gvar], lowered,
+                                                        config, vdevice)
     for index, reason in skipped.items():
         LOG.info("tvm-rammer: %s stays an ordinary kernel: %s", graph.nodes[index].name, reason)
+    if config.versions:
+        LOG.info("tvm-rammer: rKernel times %s", profiler.summary())
+        if config.profile_db and db.dirty:
+            db.save()
     return ops, skipped
 
 

@@ -25,6 +25,11 @@ class RammerConfig:
     spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
+    profile_db: JSON profile database (``tvm_rammer.tuning.profile_db``): rKernel times are read from
+        it, and with a GPU the missing ones are measured and saved to it. None: analytical times.
+    tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
+    versions: give each operator several rKernel versions (dlight variants, templates, tuning
+        database) for SelectRKernels; False: the pipeline's dlight schedule only.
     """
 
     max_rtask_threads: int = 256
@@ -38,6 +43,9 @@ class RammerConfig:
     barrier_us: float = 0.8
     measure_resources: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    profile_db: str | None = None
+    tuning_db: str | None = None
+    versions: bool = True
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

@@ -8,6 +8,7 @@ and turns its plans into reports.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
@@ -81,6 +82,46 @@ def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfi
     return ROperator(uid=uid, name=name, kernels=[kernel], flops=flops, bytes=nbytes)
 
 
+# --- rKernel versions (tvm_rammer.tuning) ------------------------------------------------------
+@dataclass
+class VersionedOperator(ROperator):
+    """An rOperator with several rKernel versions and, per version, where its time comes from.
+
+    ``timing[i]`` is ``kernels[i]``'s ``tuning.profiler.Timing`` ("profiled", "database" or
+    "analytical"); ``analytical_us[i]`` the analytical model's per-rTask time for comparison.
+    """
+
+    timing: list = field(default_factory=list)
+    analytical_us: list = field(default_factory=list)
+
+
+def operator_versions(uid: int, name: str, func, versions, config: RammerConfig, vdevice: VDevice,
+                      profiler) -> ROperator:
+    """An rOperator with one rKernel per version (``tuning.versions.KernelVersion``), timed by the
+    profiler (database, GPU, or the analytical model). ``func`` is the operator's scheduled PrimFunc
+    (for its FLOPs and bytes); each version's payload is its LoweredKernel, as for
+    :func:`operator_from_kernel`."""
+    flops, nbytes = flops_and_bytes(func)
+
+    def analytical(version) -> float:
+        lowered = version.lowered
+        veus_per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
+        return rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm,
+                             cost_config(config, vdevice))
+
+    timings = profiler.timings(versions, vdevice, analytical)
+    kernels = []
+    for version, timing in zip(versions, timings):
+        lowered = version.lowered
+        kernels.append(RKernel(name=f"{name}:{version.name}#{version.key[:8]}",
+                               num_rtasks=lowered.num_rtasks, threads=lowered.threads,
+                               registers=timing.registers, shared_bytes=lowered.shared_bytes,
+                               time_us=timing.rtask_us, source=version.source, payload=lowered))
+    return VersionedOperator(uid=uid, name=name, kernels=kernels, flops=flops, bytes=nbytes,
+                             timing=list(timings), analytical_us=[analytical(v) for v in versions])
+# --- end rKernel versions ------------------------------------------------------------------------
+
+
 def replace_plan(plan, graph: OpGraph, registers: int, vdevice: VDevice, config: RammerConfig):
     """The same operators and rKernel versions, placed again for the compiled kernel's registers."""
     members = set(plan.ops)
@@ -104,10 +145,18 @@ def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
     operators = []
     for op in plan.ops:
         kernel = ops[op].kernels[plan.selected[op]]
-        operators.append({"name": ops[op].name, "rtasks": kernel.num_rtasks,
-                          "threads": kernel.threads, "version": kernel.source,
-                          "reason": plan.reason.get(op, "only"),
-                          "time_us_per_rtask": round(kernel.time_us, 3)})
+        entry = {"name": ops[op].name, "rtasks": kernel.num_rtasks,
+                 "threads": kernel.threads, "version": kernel.source,
+                 "reason": plan.reason.get(op, "only"),
+                 "time_us_per_rtask": round(kernel.time_us, 3)}
+        timing = getattr(ops[op], "timing", None)  # VersionedOperator: which version, timed how
+        if timing:
+            chosen = timing[plan.selected[op]]
+            entry.update(kernel=kernel.name, versions=len(ops[op].kernels), time_source=chosen.source,
+                         predicted_us_per_rtask=round(ops[op].analytical_us[plan.selected[op]], 3),
+                         profiled_kernel_us=None if chosen.kernel_us is None
+                         else round(chosen.kernel_us, 3))
+        operators.append(entry)
     return {"kernel": spec.name, "rtasks": int(program.num_rtasks), "num_veus": num_veus,
             "veus_per_sm": plan.veus_per_sm, "veu_threads": spec.veu_threads,
             "registers": registers, "shared_bytes": spec.shared_bytes,

@@ -1,0 +1,105 @@
+"""rKernel versions: several prelowered schedules per operator, fed to SelectRKernels."""
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.s_tir import dlight as dl
+
+from conftest_tir import MODELS, TARGET, single_op_module
+from tir_templates.templates import operator_kind, template_schedules
+from tvm_rammer import rkernels
+from tvm_rammer.config import RammerConfig
+from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
+from tvm_rammer.tuning.profiler import Profiler
+from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, kernel_versions,
+                                        unscheduled_funcs)
+from tvm_rammer.vdevice import VDevice
+
+CASES = {
+    "matmul": MODELS["matmul"],
+    "gemv": MODELS["gemv"],
+    "conv2d": MODELS["conv2d"],
+    "depthwise_conv2d": (lambda x, w: relax.op.nn.conv2d(x, w, padding=1, groups=32),
+                         (1, 32, 32, 32), (32, 1, 3, 3)),
+}
+
+
+def stashed_and_scheduled(op, *shapes):
+    """(module after LegalizeOps + StashUnscheduled + dlight, the one PrimFunc's GlobalVar)."""
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    StashUnscheduled()])(single_op_module(op, *shapes))
+    with TARGET:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                      dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+    (gv,) = [g for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    return mod, gv
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def versions(request):
+    mod, gv = stashed_and_scheduled(*CASES[request.param])
+    found = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv],
+                            unscheduled=unscheduled_funcs(mod)[gv.name_hint])
+    return request.param, mod, gv, found
+
+
+def test_stash_keeps_the_unscheduled_primfunc_through_dlight():
+    mod, gv = stashed_and_scheduled(*CASES["matmul"])
+    stash = unscheduled_funcs(mod)
+    assert STASH_ATTR in mod.attrs and list(stash) == [gv.name_hint]
+    assert mod[gv].attrs["tirx.is_scheduled"]
+    assert "tirx.is_scheduled" not in (stash[gv.name_hint].attrs or {})
+
+
+def test_template_kind_is_read_from_the_loop_nest(versions):
+    name, mod, gv, _ = versions
+    assert operator_kind(unscheduled_funcs(mod)[gv.name_hint]) == name
+
+
+def test_each_operator_gets_at_least_two_distinct_prelowered_versions(versions):
+    name, _, _, found = versions
+    shapes = [(v.lowered.grid, v.lowered.block) for v in found]
+    assert len(found) >= 2 and len(set(shapes)) == len(shapes)
+    assert len({v.lowered.num_rtasks for v in found}) >= 2
+    assert found[0].name == "dlight"  # the pipeline's own schedule comes first
+    assert {v.source for v in found} >= {"dlight", "template"}
+
+
+def test_without_the_stash_only_the_pipeline_schedule_is_a_version():
+    mod, gv = stashed_and_scheduled(*CASES["matmul"])
+    (only,) = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv], unscheduled=None)
+    assert only.source == "dlight"
+
+
+def test_max_versions_and_options_bound_the_list():
+    mod, gv = stashed_and_scheduled(*CASES["gemv"])
+    found = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv],
+                            unscheduled=unscheduled_funcs(mod)[gv.name_hint],
+                            options=VersionOptions(dlight_variants=False, max_versions=3))
+    assert len(found) == 3 and {v.source for v in found} == {"dlight", "template"}
+    with pytest.raises(ValueError, match="max_versions=0"):
+        VersionOptions(max_versions=0)
+
+
+def test_templates_decline_operators_they_do_not_handle():
+    mod, gv = stashed_and_scheduled(*MODELS["softmax"])
+    assert template_schedules(unscheduled_funcs(mod)[gv.name_hint]) == []
+
+
+def test_versions_feed_select_rkernels(versions):
+    """An operator made of versions has a fastest and a most efficient rKernel, and a wave of 16 such
+    operators is scheduled with one of them each, the timing source recorded in the report."""
+    _, mod, gv, found = versions
+    config = RammerConfig()
+    vdevice = VDevice.for_arch("sm_90")
+    profiler = Profiler(None, TARGET, use_gpu=False)
+    ops = {uid: rkernels.operator_versions(uid, gv.name_hint, mod[gv], found, config, vdevice, profiler)
+           for uid in range(16)}
+    op = ops[0]
+    assert len(op.kernels) == len(found)
+    assert [t.source for t in op.timing] == ["analytical"] * len(found)
+    assert op.most_efficient in op.kernels and op.fastest(132) in op.kernels
+    graph = OpGraph(ops=ops, preds={}, waves=[list(ops)])
+    plans = schedule(graph, vdevice, rkernels.policy_config(config, vdevice))
+    assert sum(len(p.ops) for p in plans) == 16
+    assert all(p.reason[o] in ("fastest", "efficient") for p in plans for o in p.ops)
+    assert profiler.summary()["analytical"] == 16 * len(found)

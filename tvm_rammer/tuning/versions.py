@@ -1,0 +1,231 @@
+"""Several rKernels per operator (Rammer, OSDI'20, 3.1: "each rOperator has one or more rKernels").
+
+An rKernel version is one scheduled PrimFunc of an operator, prelowered into rTasks
+(``tir_templates.prelower``). :func:`kernel_versions` gathers them for one operator from three sources,
+in this order, and keeps the first of any two with the same ``(grid, block)``:
+
+1. ``metaschedule``: the best distinct schedules of a MetaSchedule tuning database
+   (``tvm-rammer tune`` writes one), each trace applied to the operator's unscheduled PrimFunc;
+2. ``dlight``: the schedule the rammer pipeline made, then dlight's rules re-run under other tile
+   configurations (``Matmul.Config`` variants; every rule under narrower ``max_num_threads``);
+3. ``template``: our own parametrised schedules (``tir_templates.templates``).
+
+A version that ``prelower`` rejects is dropped with its reason logged.
+
+Unscheduled PrimFuncs: dlight replaces each PrimFunc of the Relax module by its scheduled version, and
+versions 1-3 start from the *unscheduled* one. The least invasive way to keep it is the module pass
+:class:`StashUnscheduled`, placed right before dlight in the pipeline: it copies every PrimFunc into
+the module attribute ``rammer.unscheduled`` (name -> PrimFunc). Nothing else reads or changes that
+attribute; dlight keeps module attributes (it assigns functions in place). :func:`unscheduled_funcs`
+reads it back; without it an operator has its pipeline dlight version only (logged once).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import dlight as dl
+
+from tir_templates.prelower import LoweredKernel, UnsupportedKernel, prelower
+from tir_templates.templates import template_schedules
+
+__all__ = ["STASH_ATTR", "StashUnscheduled", "unscheduled_funcs", "KernelVersion", "VersionOptions",
+           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "func_key"]
+
+LOG = logging.getLogger("tvm_rammer")
+STASH_ATTR = "rammer.unscheduled"
+
+
+@tvm.transform.module_pass(opt_level=0, name="StashUnscheduled")
+class StashUnscheduled:
+    """Copy every unscheduled PrimFunc into the module attribute ``rammer.unscheduled``.
+
+    Input and output: the Relax module after FuseTIR (functions unchanged). Must run right before
+    dlight's ``ApplyDefaultSchedule``: :func:`kernel_versions` schedules these copies again.
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        stash = {gv.name_hint: func for gv, func in mod.functions_items()
+                 if isinstance(func, tirx.PrimFunc) and not _is_scheduled(func)}
+        return mod.with_attr(STASH_ATTR, stash) if stash else mod
+
+
+def _is_scheduled(func: tirx.PrimFunc) -> bool:
+    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
+
+
+def unscheduled_funcs(mod: tvm.IRModule) -> dict:
+    """name -> unscheduled PrimFunc saved by :class:`StashUnscheduled` ({} when it did not run)."""
+    stash = mod.attrs.get(STASH_ATTR, None) if mod.attrs is not None else None
+    return {str(k): v for k, v in stash.items()} if stash is not None else {}
+
+
+def func_key(func: tirx.PrimFunc) -> str:
+    """The profile-database key of a scheduled kernel: its structural hash, 16 hex digits."""
+    return format(tvm_ffi.structural_hash(func) & ((1 << 64) - 1), "016x")
+
+
+@dataclass(frozen=True)
+class KernelVersion:
+    """One prelowered schedule of an operator: ``source`` is "metaschedule", "dlight" or "template"."""
+
+    name: str
+    source: str
+    func: tirx.PrimFunc
+    lowered: LoweredKernel
+
+    @property
+    def key(self) -> str:
+        return func_key(self.func)
+
+
+@dataclass(frozen=True)
+class VersionOptions:
+    """Which versions :func:`kernel_versions` tries.
+
+    Attributes:
+        dlight_variants: re-run dlight with other tile configurations.
+        templates: try ``tir_templates.templates``.
+        metaschedule_top_k: distinct schedules taken per operator from the tuning database.
+        max_versions: keep at most this many (after dedupe), in source order.
+    """
+
+    dlight_variants: bool = True
+    templates: bool = True
+    metaschedule_top_k: int = 3
+    max_versions: int = 8
+
+    def __post_init__(self):
+        if self.max_versions < 1:
+            raise ValueError(f"VersionOptions.max_versions={self.max_versions}: keep at least 1")
+        if self.metaschedule_top_k < 0:
+            raise ValueError(f"VersionOptions.metaschedule_top_k={self.metaschedule_top_k} must be >= 0")
+
+
+class _MatmulWith(dl.gpu.Matmul):
+    """dlight's Matmul rule with a fixed tile configuration instead of the per-target default."""
+
+    def __init__(self, config):
+        super().__init__()
+        self._config = config
+
+    def get_configs(self, target):
+        return self._config
+
+
+_MATMUL_CONFIGS = (
+    dict(block_size_x=8, block_size_y=8, micro_size_x=4, micro_size_y=4),
+    dict(block_size_x=16, block_size_y=16, micro_size_x=2, micro_size_y=2),
+    dict(block_size_x=8, block_size_y=16, micro_size_x=2, micro_size_y=2),
+)
+_THREAD_CAPS = (64, 128)
+
+
+def _capped(target: tvm.target.Target, threads: int) -> tvm.target.Target:
+    spec = dict(target.export())
+    spec.pop("tag", None)
+    spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), threads)
+    spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)), threads)
+    return tvm.target.Target(spec)
+
+
+def _apply(func, target, *rules):
+    with target:
+        mod = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))
+    out = mod["main"]
+    return out if _is_scheduled(out) else None
+
+
+def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
+    """(name, scheduled PrimFunc) for dlight's rules under other tile configurations."""
+    found = []
+    base = dl.gpu.Matmul().get_configs(target)
+    for overrides in _MATMUL_CONFIGS:
+        config = dl.gpu.Matmul.Config(**{**base.__dict__, **overrides})
+        name = "dlight_matmul_b{block_size_x}x{block_size_y}_m{micro_size_x}x{micro_size_y}".format(
+            **config.__dict__)
+        try:
+            scheduled = _apply(func, target, _MatmulWith(config))
+        except Exception as err:  # pylint: disable=broad-except  (a rule that fails = does not apply)
+            LOG.debug("tvm-rammer: %s does not apply: %s", name, err)
+            scheduled = None
+        if scheduled is not None:
+            found.append((name, scheduled))
+    for threads in _THREAD_CAPS:
+        try:
+            scheduled = _apply(func, _capped(target, threads), dl.gpu.Matmul(), dl.gpu.GEMV(),
+                               dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.debug("tvm-rammer: dlight under %d threads does not apply: %s", threads, err)
+            scheduled = None
+        if scheduled is not None:
+            found.append((f"dlight_t{threads}", scheduled))
+    return found
+
+
+def metaschedule_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database, top_k: int) -> list:
+    """(name, scheduled PrimFunc) for the ``top_k`` best records of ``func`` in a MetaSchedule database.
+
+    The lookup normalises ``func`` the way MetaSchedule's own ``MetaScheduleApplyDatabase`` does, so a
+    database written by ``tvm-rammer tune`` (or ``tune_relax``) on the same model matches.
+    """
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    if database is None or top_k <= 0:
+        return []
+    mod = _normalize_mod(func)
+    if not database.has_workload(mod):
+        return []
+    workload = database.commit_workload(mod)
+    found = []
+    for rank, record in enumerate(database.get_top_k(workload, top_k)):
+        try:
+            sch = Schedule(workload.mod)
+            record.trace.apply_to_schedule(sch, remove_postproc=False)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.info("tvm-rammer: tuning record %d does not apply: %s", rank, str(err).splitlines()[0])
+            continue
+        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        found.append((f"metaschedule_top{rank}", scheduled))
+    return found
+
+
+def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.PrimFunc | None = None,
+                    unscheduled: tirx.PrimFunc | None = None, database=None,
+                    options: VersionOptions = VersionOptions()) -> list[KernelVersion]:
+    """Distinct prelowered versions of one operator (see the module docstring for the order).
+
+    ``scheduled`` is the pipeline's dlight schedule (kept first among the dlight ones), ``unscheduled``
+    the PrimFunc before dlight (None: no other version can be made), ``database`` a MetaSchedule
+    database or None. Versions ``prelower`` rejects are dropped with a logged reason; the result may be
+    empty when every version is rejected.
+    """
+    candidates = []
+    if unscheduled is not None:
+        candidates += [(n, "metaschedule", f) for n, f in
+                       metaschedule_schedules(unscheduled, target, database, options.metaschedule_top_k)]
+    if scheduled is not None:
+        candidates.append(("dlight", "dlight", scheduled))
+    if unscheduled is not None and options.dlight_variants:
+        candidates += [(n, "dlight", f) for n, f in dlight_schedules(unscheduled, target)]
+    if unscheduled is not None and options.templates:
+        candidates += [(t.name, "template", t.func) for t in template_schedules(unscheduled)]
+    versions, shapes = [], set()
+    for vname, source, func in candidates:
+        if len(versions) >= options.max_versions:
+            break
+        try:
+            lowered = prelower(func, target, name=name)
+        except UnsupportedKernel as err:
+            LOG.info("tvm-rammer: %s version %s dropped: %s", name, vname, err)
+            continue
+        shape = (lowered.grid, lowered.block)
+        if shape in shapes:
+            continue
+        shapes.add(shape)
+        versions.append(KernelVersion(vname, source, func, lowered))
+    return versions
