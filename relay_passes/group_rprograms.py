@@ -220,6 +220,8 @@ def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Pl
     if registers is not None and vdevice.occupancy(spec.veu_threads, registers,
                                                    spec.shared_bytes) != plan.veus_per_sm:
         plan = rkernels.replace_plan(plan, op_graph, registers, vdevice, config)
+    plan.program.validate({op: op_graph.ops[op].kernels[plan.selected[op]].num_rtasks
+                           for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
     # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
     table = encode_program(plan.program, {op: d for d, op in enumerate(node_ids)}, num_veus)

@@ -33,7 +33,8 @@ BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 SMEM_ALIGN = 16
 _SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
-_UNSUPPORTED_SCOPES = {"shared.dyn": "dynamic shared memory", "warp": "warp-scope buffers"}
+_UNSUPPORTED_SCOPES = {"shared.dyn": "dynamic shared memory", "warp": "warp-scope buffers",
+                       "global": "global-memory scratch buffers", "": "global-memory scratch buffers"}
 
 
 class UnsupportedKernel(ValueError):

@@ -28,6 +28,7 @@ from relay_passes.group_rprograms import RammerGroupRPrograms
 
 from .config import RammerConfig
 from .target import is_rammer_target, register_tags
+from .tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
 
@@ -57,6 +58,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
         *fusion,                                       # never joins two independent branches
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
+        StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config), schedule),  # rKernels = dlight thread blocks
         _with_target(target, RammerGroupRPrograms(config)),      # waves -> rPrograms -> 1 kernel each
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on

@@ -189,7 +189,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                                   tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None),
                   tirx.Evaluate(cuda_op.cuda_grid_sync())]
     stmts.append(loop)
-    body = tirx.SeqStmt(stmts)
+    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else loop
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, spec.veu_threads), tid, 1, "threadIdx.x"),
                          "thread_extent", spec.veu_threads, body)
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, num_veus), veu, 1, "blockIdx.x"),

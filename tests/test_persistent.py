@@ -1,0 +1,102 @@
+"""The rProgram table encoding and the persistent-kernel spec (no TVM build needed)."""
+
+import numpy as np
+import pytest
+
+from tvm_rammer.codegen.persistent import (BARRIER_KIND, DispatchEntry, PersistentKernelSpec,
+                                           TensorSlot, encode_program, has_barriers)
+from tvm_rammer.rprogram import RProgram
+from tvm_rammer.rtask import BarrierRTask, RTask
+
+
+def decode(table, num_veus):
+    """Inverse of encode_program: prog[vEU] = list of ("task", kind, rtask_id, publish) /
+    ("wait", [(vEU, step), ...])."""
+    offsets = table[: num_veus + 1]
+    base = num_veus + 1
+    prog = []
+    for v in range(num_veus):
+        items = []
+        for i in range(offsets[v], offsets[v + 1]):
+            kind, a, b = table[base + 3 * i: base + 3 * i + 3]
+            if kind == BARRIER_KIND:
+                items.append(("wait", [tuple(table[a + 2 * j: a + 2 * j + 2]) for j in range(b)]))
+            else:
+                items.append(("task", int(kind), int(a), int(b)))
+        prog.append(items)
+    return prog
+
+
+def figure9_program():
+    """Paper Figure 9: Matmul rTasks 0,1 on vEU 0, Relu 0..3 on vEU 1, then Conv 0/1 waiting."""
+    p = RProgram(2)
+    mm = [RTask(0, i) for i in range(2)]
+    relu = [RTask(1, i) for i in range(4)]
+    for t in mm:
+        p.append(t, 0)
+    for t in relu:
+        p.append(t, 1)
+    conv = [RTask(2, 0), RTask(2, 1)]
+    for veu, t in enumerate(conv):
+        p.wait(t, mm + relu)
+        p.append(t, veu)
+    return p
+
+
+def test_encode_figure9_round_trip():
+    program = figure9_program()
+    table = encode_program(program, {0: 0, 1: 1, 2: 2})
+    assert table.dtype == np.int32
+    prog = decode(table, 2)
+    # vEU 0: two matmul rTasks, a barrier on vEU 1's last relu (order 3 -> step 4), conv 0
+    assert prog[0][0] == ("task", 1, 0, 0)
+    assert prog[0][1] == ("task", 1, 1, 2)       # vEU 1 waits for it: publishes step 2
+    assert prog[0][2] == ("wait", [(1, 4)])
+    assert prog[0][3] == ("task", 3, 0, 0)
+    assert prog[1][3] == ("task", 2, 3, 4)       # the last relu publishes step 4
+    assert prog[1][4] == ("wait", [(0, 2)])
+    assert [item[2] for item in prog[1][:3]] == [0, 1, 2]
+    assert all(item[3] == 0 for item in prog[1][:3])  # nobody waits for them: no publish
+    assert has_barriers(table, 2)
+
+
+def test_encode_publishes_exactly_the_awaited_tasks():
+    program = figure9_program()
+    table = encode_program(program, {0: 0, 1: 1, 2: 2})
+    published = {(v, item[3] - 1) for v, items in enumerate(decode(table, 2))
+                 for item in items if item[0] == "task" and item[3]}
+    assert published == program.awaited()
+
+
+def test_encode_without_barriers_and_trailing_veus_dropped():
+    p = RProgram(4)
+    for i in range(3):
+        p.append(RTask(7, i), i)
+    table = encode_program(p, {7: 0}, num_veus=3)
+    assert not has_barriers(table, 3)
+    assert decode(table, 3) == [[("task", 1, i, 0)] for i in range(3)]
+    with pytest.raises(ValueError, match="have rTasks"):
+        encode_program(p, {7: 0}, num_veus=2)
+
+
+def test_encode_rejects_foreign_items():
+    p = RProgram.from_lists([[RTask(0, 0)]])
+    p.prog[0].append("not a task")
+    with pytest.raises(TypeError, match="not an rTask"):
+        encode_program(p, {0: 0})
+
+
+class _Kernel:
+    def __init__(self, threads, shared_bytes=0, num_rtasks=4):
+        self.threads, self.shared_bytes, self.num_rtasks = threads, shared_bytes, num_rtasks
+
+
+def test_spec_sizes_the_pool_to_the_largest_rtask_and_checks_width():
+    slots = (TensorSlot("a", (4,), "float32"), TensorSlot("b", (4,), "float32"))
+    entries = (DispatchEntry(_Kernel(128, 1024), (0, 1)), DispatchEntry(_Kernel(256, 4096), (0, 1)))
+    spec = PersistentKernelSpec("p", slots, 1, entries, veu_threads=256)
+    assert spec.shared_bytes == 4096
+    with pytest.raises(ValueError, match="narrower than the widest rTask"):
+        PersistentKernelSpec("p", slots, 1, entries, veu_threads=128)
+    with pytest.raises(ValueError, match="no operators"):
+        PersistentKernelSpec("p", slots, 1, (), veu_threads=128)

@@ -1,0 +1,120 @@
+"""The rammer pipeline end to end on the CPU: schedules, launches, CUDA that nvcc accepts."""
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_rammer
+from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.inspection import inspect_model, lower_default
+from tvm_rammer.launches import count_launches
+from tvm_rammer.models import get_model
+from tvm_rammer.report import rprogram_reports
+from tvm_rammer.resources import cuda_source
+
+from onnx_builders import mixed_relax_module, parallel_branches, random_dag, two_branch
+
+TARGET = "rammer/nvidia-h100"
+
+
+def persistent_kernels(mod):
+    return {gv.name_hint: f for gv, f in mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and "rammer.report" in (f.attrs or {})}
+
+
+@pytest.mark.parametrize("join", ["sum", "add_chain", "concat"])
+def test_sixteen_gemv_branches_become_one_launch(join):
+    summary = inspect_model(get_model("branches", n=16, join=join), TARGET)
+    assert summary["rprograms"] == 1
+    assert summary["launches"] == 1
+    assert summary["default_launches"] >= 16
+    assert summary["rtasks"][0] >= 16 * 16  # 16 GEMV operators of 16 rTasks each at least
+
+
+def test_tvm_compile_dispatches_on_the_rammer_target():
+    mod = import_onnx(two_branch())
+    rammer = tvm.target.Target(TARGET)
+    with rammer:
+        lowered = relax.get_default_pipeline(rammer)(mod)
+    assert len(persistent_kernels(lowered)) == 1
+    plain = tvm.target.Target("nvidia/nvidia-h100")
+    with plain:
+        default = relax.get_default_pipeline(plain)(mod)
+    assert not persistent_kernels(default)
+    assert count_launches(default) > count_launches(lowered)
+
+
+def test_relax_pipeline_name_and_tvm_compile_build():
+    mod = import_onnx(parallel_branches(4, join="sum", hidden=64))
+    ex = tvm.compile(mod, target=tvm.target.Target("nvidia/nvidia-h100"), relax_pipeline="rammer")
+    assert ex is not None
+    ex2 = tvm.compile(mod, target=TARGET)
+    assert ex2 is not None
+
+
+def test_schedule_report_covers_every_operator_once():
+    model = random_dag(3, num_ops=16)
+    lowered = lower(import_onnx(model), TARGET)
+    reports = rprogram_reports(lowered)
+    assert reports, "at least one rProgram"
+    for report in reports:
+        assert report["rtasks"] == sum(op["rtasks"] for op in report["operators"])
+        assert report["num_veus"] >= 1 and report["veu_threads"] % 32 == 0
+
+
+def test_unplaceable_operators_stay_ordinary_kernels(caplog):
+    mod = mixed_relax_module()
+    with caplog.at_level(logging.INFO, logger="tvm_rammer"):
+        with tvm_rammer.rammer_target(TARGET):
+            from tvm_rammer.pipeline import rammer_passes
+            from tvm_rammer.config import RammerConfig
+
+            passes = rammer_passes(tvm.target.Target(TARGET), RammerConfig())
+            lowered = tvm.transform.Sequential(passes)(mod)
+    assert "stays an ordinary kernel" in caplog.text
+    text = lowered["main"].script()
+    assert "my_ext" in text  # the extern call survives between rPrograms
+
+
+def test_bad_targets_and_models_raise_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="must be CUDA targets"):
+        tvm_rammer.rammer_target("llvm")
+    with pytest.raises(ValueError, match="cannot parse target"):
+        tvm_rammer.rammer_target("no-such-target-xyz")
+    with pytest.raises(ValueError, match="does not exist"):
+        tvm_rammer.compile(str(tmp_path / "missing.onnx"))
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf")
+    with pytest.raises(ValueError, match="not a readable ONNX model|invalid ONNX model"):
+        tvm_rammer.compile(str(bad))
+    with pytest.raises(TypeError, match="expected an onnx.ModelProto"):
+        tvm_rammer.compile(42)
+
+
+MODELS = {
+    "gemv": lambda: parallel_branches(4, join="sum", hidden=128),
+    "matmul": lambda: two_branch(),
+    "conv_pool_concat_softmax": lambda: random_dag(5, num_ops=14),
+    "random_dag_7": lambda: random_dag(7, num_ops=14),
+    "nasbench_cell": lambda: get_model("nasbench_cell", seed=1, channels=16, image_size=8),
+}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_persistent_kernels_compile_with_nvcc_for_sm90a(name):
+    from tir_templates.cuda_resources import compile_cuda_resources
+
+    lowered = lower(import_onnx(MODELS[name]()), TARGET)
+    kernels = persistent_kernels(lowered)
+    assert kernels
+    target = tvm_rammer.rammer_target(TARGET)
+    for kname, func in kernels.items():
+        usage = compile_cuda_resources(cuda_source(func.with_attr("global_symbol", kname), target),
+                                       "sm_90a")
+        assert 0 < usage["registers"] <= 255
+        assert usage["spills"] < 1024  # a few spilled bytes cost speed, not correctness
+        assert usage["shared_bytes"] <= 48 * 1024
