@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 
 from tir_templates.prelower import UnsupportedKernel, prelower
-from tir_templates.rtask_rewrite import instantiate
+from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 from tvm_rammer import rkernels
 from tvm_rammer.codegen.persistent import (DispatchEntry, PersistentKernelSpec, TensorSlot,
                                            build_persistent_func, encode_program, has_barriers)
@@ -37,6 +37,7 @@ from .dataflow_graph import DataflowGraph
 
 LOG = logging.getLogger("tvm_rammer")
 REPORT_ATTR = "rammer.report"
+UNPLACED_ATTR = "rammer.unplaced"
 
 
 @dataclass
@@ -77,6 +78,7 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
         db = ProfileDB.load(config.profile_db)
         # measure on the GPU only when asked to keep the results (--profile-db)
         profiler = Profiler(db, target, use_gpu=config.profile_db is not None)
+    cache = {}  # identical operators share one PrimFunc (BlockBuilder dedups): version them once
     for node in graph.nodes:
         if node.kind == "alias":
             continue
@@ -85,16 +87,24 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
             continue
         name = node.gvar.name_hint
         if config.versions:
-            found = tv.kernel_versions(name, target, scheduled=mod[node.gvar],
-                                       unscheduled=stash.get(name), database=database)
+            if name not in cache:
+                found = tv.kernel_versions(name, target, scheduled=mod[node.gvar],
+                                           unscheduled=stash.get(name), database=database)
+                cache[name] = _runnable(found, config.max_rtask_threads)
+            found = cache[name]
             if not found:
-                skipped[node.index] = f"{name}: prelower rejected every rKernel version"
+                skipped[node.index] = f"{name}: no rKernel version can run as rTasks in a vEU"
                 continue
             ops[node.index] = rkernels.operator_versions(node.index, name, mod[node.gvar], found,
                                                          config, vdevice, profiler)
             continue
         try:
-            lowered = prelower(mod[node.gvar], target, name=name)
+            if name not in cache:
+                cache[name] = prelower(mod[node.gvar], target, name=name)
+            lowered = cache[name]
+            problem = early_exit_problem(lowered, config.max_rtask_threads)
+            if problem:
+                raise UnsupportedKernel(problem)
         except UnsupportedKernel as err:
             skipped[node.index] = str(err)
             continue
@@ -107,6 +117,18 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
         if config.profile_db and db.dirty:
             db.save()
     return ops, skipped
+
+
+def _runnable(versions: list, veu_threads: int) -> list:
+    """The versions whose rTasks can share a vEU as wide as the widest rTask may be."""
+    keep = []
+    for version in versions:
+        problem = early_exit_problem(version.lowered, veu_threads)
+        if problem:
+            LOG.info("tvm-rammer: version %s dropped: %s", version.name, problem)
+        else:
+            keep.append(version)
+    return keep
 
 
 def _op_graph(graph: DataflowGraph, ops: dict, skipped: dict) -> OpGraph:
@@ -226,7 +248,7 @@ def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Pl
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
     table = encode_program(plan.program, {op: d for d, op in enumerate(node_ids)}, num_veus)
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
-                                 instantiate)
+                                 instantiate, veus_per_sm=plan.veus_per_sm)
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     func = func.with_attr(REPORT_ATTR, json.dumps(report))
     first_wave = min(graph.levels()[i] for i in node_ids)
@@ -257,7 +279,8 @@ class RammerGroupRPrograms:
         ops, skipped = _collect_operators(graph, mod, target, config, vdevice)
         if not ops:
             LOG.info("tvm-rammer: no operator can become rTasks; module left unchanged")
-            return mod
+            unplaced = [{"name": graph.nodes[i].name, "reason": r} for i, r in skipped.items()]
+            return mod.with_attr(UNPLACED_ATTR, json.dumps(unplaced))
         op_graph = _op_graph(graph, ops, skipped)
         plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice))
         probe = ResourceProbe(enabled=config.measure_resources)
@@ -269,5 +292,6 @@ class RammerGroupRPrograms:
         main_gv = mod.get_global_var("main")
         new_main = rewriter.visit_expr(mod["main"])
         rewriter.builder_.update_func(main_gv, new_main)
-        new_mod = rewriter.builder_.get()
-        return relax.transform.DeadCodeElimination(["main"])(new_mod)
+        new_mod = relax.transform.DeadCodeElimination(["main"])(rewriter.builder_.get())
+        unplaced = [{"name": graph.nodes[i].name, "reason": reason} for i, reason in skipped.items()]
+        return new_mod.with_attr(UNPLACED_ATTR, json.dumps(unplaced))

@@ -136,6 +136,15 @@ def _check_early_exit(kernel: LoweredKernel, veu_threads: int) -> None:
                                 f"cannot run under early exit in a {veu_threads}-thread vEU")
 
 
+def early_exit_problem(kernel: LoweredKernel, veu_threads: int):
+    """Why ``kernel`` cannot run in a vEU of ``veu_threads`` threads, or None when it can."""
+    try:
+        _check_early_exit(kernel, veu_threads)
+    except UnsupportedKernel as err:
+        return str(err)
+    return None
+
+
 def _pool_offsets(body) -> dict:
     """{shared buffer Var: byte offset in the pool}, each 16-byte aligned, in allocation order."""
     offsets, offset = {}, 0

@@ -74,6 +74,21 @@ def cmd_demo(args) -> int:
     return runner.demo(args.target, _config(args), branches=args.branches)
 
 
+def cmd_model(args) -> int:
+    import onnx
+
+    from .models import get_model
+    params = {}
+    for item in args.param:
+        key, _, value = item.partition("=")
+        if not _:
+            raise ValueError(f"--param {item!r}: use NAME=VALUE")
+        params[key] = json.loads(value) if value[:1] in "0123456789-[{tf" else value
+    onnx.save(get_model(args.name, batch=args.batch, **params), args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-rammer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, model=False)
     p.add_argument("--branches", type=int, default=16)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("model", help="write a bundled model (tvm_rammer.models) as ONNX")
+    p.add_argument("name")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="builder argument, e.g. --param n=16 --param join=sum")
+    p.set_defaults(func=cmd_model)
     from .benchmarks.cli import register as register_bench
     from .tuning.cli import register as register_tune
 
@@ -107,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(message)s")
     try:
         return args.func(args)

@@ -17,8 +17,12 @@ class RammerConfig:
     max_rtask_threads: threads per rTask that dlight may use when it schedules the operators; it
         bounds the vEU width and so how many vEUs fit on an SM (paper 4.1.2).
     num_sms: SMs of the vDevice; None = the local GPU's, else the target arch's preset.
-    veus_per_sm: fix the vEUs per SM; None = from the persistent kernel's occupancy (registers,
-        shared memory and threads of the compiled kernel, read with nvcc when it is installed).
+    veus_per_sm: cap the vEUs per SM; None = the occupancy that the widest rTask's threads, the
+        shared-memory pool and a register budget (VDevice.default_registers) allow. The kernel is
+        compiled with __launch_bounds__(threads, vEUs per SM), so nvcc keeps its registers within
+        that budget and every vEU is resident.
+    measure_resources: compile the persistent kernel once with nvcc first and place the rProgram
+        for the registers it really uses (slower compiles; needs nvcc).
     selection / merge: the policy's rKernel selection and rProgram-merge rules (Algorithm 1 =
         "paper"); the others exist for ablations.
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
@@ -41,7 +45,7 @@ class RammerConfig:
     spin_limit: int = 1 << 26
     launch_us: float = 4.0
     barrier_us: float = 0.8
-    measure_resources: bool = True
+    measure_resources: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
     profile_db: str | None = None
     tuning_db: str | None = None

@@ -10,6 +10,7 @@ from tvm import tirx
 from .launches import count_launches
 
 REPORT_ATTR = "rammer.report"
+UNPLACED_ATTR = "rammer.unplaced"
 
 
 def rprogram_reports(mod: tvm.IRModule) -> list:
@@ -21,6 +22,12 @@ def rprogram_reports(mod: tvm.IRModule) -> list:
             report.setdefault("kernel", gv.name_hint)
             reports.append(report)
     return sorted(reports, key=lambda r: r["kernel"])
+
+
+def unplaced_operators(mod: tvm.IRModule) -> list:
+    """Operators the rammer pass left as ordinary kernels, each with the reason."""
+    attrs = mod.attrs or {}
+    return json.loads(str(attrs[UNPLACED_ATTR])) if UNPLACED_ATTR in attrs else []
 
 
 def summarize(rammer_mod: tvm.IRModule, default_mod: tvm.IRModule | None = None) -> dict:
@@ -35,7 +42,7 @@ def summarize(rammer_mod: tvm.IRModule, default_mod: tvm.IRModule | None = None)
         "veu_threads": [r["veu_threads"] for r in reports],
         "barriers": [r["barriers"] for r in reports],
         "launches": count_launches(rammer_mod),
-        "unplaced": sum(len(r.get("unplaced", [])) for r in reports[:1]),
+        "unplaced": unplaced_operators(rammer_mod),
         "programs": reports,
     }
     if default_mod is not None:
@@ -48,6 +55,8 @@ def format_schedule(summary: dict) -> str:
     lines = [f"rPrograms: {summary['rprograms']}   kernel launches per inference: "
              f"{summary['launches']}" + (f" (TVM default pipeline: {summary['default_launches']})"
                                          if "default_launches" in summary else "")]
+    for op in summary.get("unplaced", []):
+        lines.append(f"  ordinary kernel: {op['name']}: {op['reason']}")
     for report in summary["programs"]:
         lines.append(f"  {report['kernel']}: {report['rtasks']} rTasks of {len(report['operators'])} "
                      f"operators on {report['num_veus']} vEUs ({report['veus_per_sm']}/SM x "

@@ -143,12 +143,15 @@ def _ptr(buf):
 
 
 def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
-                          with_barriers: bool, instantiate: Callable) -> tirx.PrimFunc:
+                          with_barriers: bool, instantiate: Callable,
+                          veus_per_sm: int | None = None) -> tirx.PrimFunc:
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
     Parameters: the input tensors, the program table, the output tensors, the step state
     (``int32[num_veus + 1]``; the last entry records a vEU that timed out in a wait).
-    ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``.
+    ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
+    ``__launch_bounds__(veu_threads, veus_per_sm)``: nvcc then keeps the registers low enough for
+    that many vEUs to be resident on every SM, which the cooperative launch relies on.
     """
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
@@ -190,6 +193,9 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                   tirx.Evaluate(cuda_op.cuda_grid_sync())]
     stmts.append(loop)
     body = tirx.SeqStmt(stmts) if len(stmts) > 1 else loop
+    if veus_per_sm is not None:
+        body = tirx.AttrStmt(tirx.const(0, INT32), "tirx.launch_bounds_min_blocks_per_sm",
+                             tirx.const(veus_per_sm, INT32), body)
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, spec.veu_threads), tid, 1, "threadIdx.x"),
                          "thread_extent", spec.veu_threads, body)
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, num_veus), veu, 1, "blockIdx.x"),

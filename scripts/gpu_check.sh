@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark in one command, for a machine with a CUDA GPU.
+# Works without installing the package (the GPU machine has no package index):
+#   export PYTHONPATH=/opt/tvmsite:$PWD   (the TVM bundle, see ../shared/gpu/), then
+#   bash scripts/gpu_check.sh [OUT_DIR]
+# Prints a short table last; full logs and JSON go to OUT_DIR (default: $OUT or ./out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-out}}"
+mkdir -p "$out"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
+
+python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+tests_rc=${PIPESTATUS[0]}
+python3 -m tvm_rammer.cli demo 2>&1 | tee "$out/demo.log"
+python3 -m tvm_rammer.cli model branches --param n=16 -o "$out/branches16.onnx"
+python3 -m tvm_rammer.cli run "$out/branches16.onnx" --json > "$out/branches16.json" 2> "$out/run.err"
+python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress 2>&1 | tee "$out/bench.log"
+
+echo
+echo "== summary ($(cat "$out/device.txt" 2>/dev/null), commit $(cut -c1-8 "$out/commit.txt" 2>/dev/null))"
+echo "gpu tests: $(tail -n 1 "$out/gpu_tests.log")  (exit $tests_rc)"
+python3 - "$out/branches16.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as err:
+    print(f"16-branch model: no result ({err})")
+else:
+    print(f"16-branch GEMV model: tvm-rammer {r['rammer']['latency_us']:.2f} us "
+          f"(err {r['rammer']['max_rel_err']:.1e}), TVM default {r['default']['latency_us']:.2f} us, "
+          f"speedup {r['speedup']:.2f}x")
+PY
+exit "$tests_rc"
