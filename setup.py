@@ -15,6 +15,10 @@ setup(
         "numpy",
         "onnx",
     ],
-    extras_require={"test": ["pytest", "onnxruntime"]},
+    extras_require={
+        "test": ["pytest", "onnxruntime"],
+        "bench": ["onnxruntime", "matplotlib"],
+        "torch": ["torch", "onnx2torch"],
+    },
     entry_points={"console_scripts": ["tvm-rammer=tvm_rammer.cli:main"]},
 )

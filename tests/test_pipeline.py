@@ -77,6 +77,10 @@ def test_unplaceable_operators_stay_ordinary_kernels(caplog):
     assert "stays an ordinary kernel" in caplog.text
     text = lowered["main"].script()
     assert "my_ext" in text  # the extern call survives between rPrograms
+    from tvm_rammer.report import unplaced_operators
+
+    reasons = " ".join(op["reason"] for op in unplaced_operators(lowered))
+    assert "tir_vars" in reasons and "call_dps_packed" in reasons
 
 
 def test_bad_targets_and_models_raise_clear_errors(tmp_path):
