@@ -27,13 +27,14 @@ from tvm import relax
 from tir_templates.prelower import UnsupportedKernel, prelower
 from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 from tvm_rammer import rkernels
-from tvm_rammer.codegen.persistent import (DispatchEntry, PersistentKernelSpec, TensorSlot,
-                                           build_persistent_func, encode_program, has_barriers)
+from tvm_rammer.codegen.persistent import (PersistentKernelSpec, build_persistent_func,
+                                           encode_program, has_barriers)
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.policy import OpGraph, schedule
 from tvm_rammer.resources import ResourceProbe
 
 from .dataflow_graph import DataflowGraph
+from .rprogram_tensors import TensorPlan, plan_tensors
 
 LOG = logging.getLogger("tvm_rammer")
 REPORT_ATTR = "rammer.report"
@@ -47,8 +48,7 @@ class _Plan:
     plan: object
     nodes: list
     first_wave: int
-    inputs: list
-    outputs: list
+    tensors: TensorPlan
     spec: PersistentKernelSpec
     table: np.ndarray
     func: tvm.tirx.PrimFunc
@@ -142,39 +142,17 @@ def _op_graph(graph: DataflowGraph, ops: dict, skipped: dict) -> OpGraph:
     return OpGraph(ops=ops, preds=preds, waves=waves, split_before=split_before)
 
 
-def _plan_tensors(graph: DataflowGraph, node_ids: list):
-    """(inputs, outputs) of an rProgram: every tensor read from outside, every tensor produced."""
-    produced, inputs = [], []
-    members = set(node_ids)
-    for i in node_ids:
-        for t in graph.nodes[i].outputs:
-            if t not in produced:
-                produced.append(t)
-    for i in node_ids:
-        for t in graph.nodes[i].inputs:
-            if t.producer not in members and t not in inputs:
-                inputs.append(t)
-    return inputs, produced
-
-
 def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, ops: dict,
               config: RammerConfig):
-    """The persistent kernel's code-relevant description for one rProgram."""
-    inputs, outputs = _plan_tensors(graph, node_ids)
-    tensors = inputs + outputs
-    slots = [TensorSlot(f"t{k}_{t.dtype}", _static_shape(t), t.dtype) for k, t in enumerate(tensors)]
-    entries = []
-    for i in node_ids:
-        node = graph.nodes[i]
-        kernel = ops[i].kernels[selected[i]].payload
-        index = tuple(tensors.index(t) for t in [*node.inputs, *node.outputs])
-        entries.append(DispatchEntry(kernel, index))
-    threads = max(e.kernel.threads for e in entries)
+    """The persistent kernel's code-relevant description for one rProgram, and its tensors."""
+    kernel_of = {i: ops[i].kernels[selected[i]].payload for i in node_ids}
+    tensors = plan_tensors(graph, node_ids, kernel_of)
+    threads = max(e.kernel.threads for e in tensors.entries)
     veu_threads = -(-threads // 32) * 32
-    spec = PersistentKernelSpec(name=name, tensors=tuple(slots), num_inputs=len(inputs),
-                                entries=tuple(entries), veu_threads=veu_threads,
-                                spin_limit=config.spin_limit)
-    return spec, inputs, outputs
+    spec = PersistentKernelSpec(name=name, tensors=tuple(tensors.slots),
+                                num_inputs=tensors.num_inputs, entries=tuple(tensors.entries),
+                                veu_threads=veu_threads, spin_limit=config.spin_limit)
+    return spec, tensors
 
 
 def _emit_order(graph: DataflowGraph, plans: list, levels: list, planned: set) -> list:
@@ -221,13 +199,21 @@ class _Rewriter(relax.PyExprMutator):
     def _emit_plan(self, p: _Plan):
         bb = self.builder_
         gv = bb.add_func(p.func, p.spec.name)
-        args = [self.visit_expr(t.expr) for t in p.inputs] + [relax.const(p.table, "int32")]
-        out_sinfo = [relax.TensorType(_static_shape(t), t.dtype) for t in p.outputs]
+        plan = p.tensors
+        args = [self.visit_expr(e) for e in plan.input_exprs]
+        if plan.blob is not None:
+            args.append(relax.const(plan.blob, "uint8"))
+        args.append(relax.const(p.table, "int32"))
+        out_sinfo = [relax.TensorType(_static_shape(t), t.dtype) for t in plan.outputs]
+        if plan.arena_bytes:
+            out_sinfo.append(relax.TensorType((plan.arena_bytes,), "uint8"))
         out_sinfo.append(relax.TensorType((p.func.attrs["rammer.num_veus"] + 1,), "int32"))
         call = bb.emit(relax.call_tir(gv, relax.Tuple(args), out_sinfo), name_hint=p.spec.name)
-        new_of = {t: relax.TupleGetItem(call, k) for k, t in enumerate(p.outputs)}
+        new_of = {t: relax.TupleGetItem(call, k) for k, t in enumerate(plan.outputs)}
         for i in p.nodes:
             node = self.graph.nodes[i]
+            if not all(t in new_of for t in node.outputs):
+                continue  # lives in the work arena only: nothing outside reads it
             items = [new_of[t] for t in node.outputs]
             value = items[0] if len(items) == 1 else relax.Tuple(items)
             self._emit(self.graph.block.bindings[i].var, value)
@@ -236,8 +222,8 @@ class _Rewriter(relax.PyExprMutator):
 def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Plan:
     """Code for one rProgram; re-placed when the compiled kernel's registers change its occupancy."""
     node_ids = list(plan.ops)
-    spec, inputs, outputs = _spec_for(f"rammer_rprogram{k}", graph, node_ids, plan.selected,
-                                      op_graph.ops, config)
+    spec, tensors = _spec_for(f"rammer_rprogram{k}", graph, node_ids, plan.selected,
+                              op_graph.ops, config)
     registers = probe.registers(spec, target)
     if registers is not None and vdevice.occupancy(spec.veu_threads, registers,
                                                    spec.shared_bytes) != plan.veus_per_sm:
@@ -246,13 +232,13 @@ def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Pl
                            for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
     # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
-    table = encode_program(plan.program, {op: d for d, op in enumerate(node_ids)}, num_veus)
+    table = encode_program(plan.program, tensors.dispatch, num_veus)
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
                                  instantiate, veus_per_sm=plan.veus_per_sm)
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     func = func.with_attr(REPORT_ATTR, json.dumps(report))
     first_wave = min(graph.levels()[i] for i in node_ids)
-    return _Plan(plan, node_ids, first_wave, inputs, outputs, spec, table, func)
+    return _Plan(plan, node_ids, first_wave, tensors, spec, table, func)
 
 
 @tvm.transform.module_pass(opt_level=0, name="RammerGroupRPrograms")

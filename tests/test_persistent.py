@@ -3,28 +3,36 @@
 import numpy as np
 import pytest
 
-from tvm_rammer.codegen.persistent import (BARRIER_KIND, DispatchEntry, PersistentKernelSpec,
-                                           TensorSlot, encode_program, has_barriers)
+from tvm_rammer.codegen.persistent import (BARRIER_KIND, INST_WORDS, Binding, DispatchEntry,
+                                           PersistentKernelSpec, TensorSlot, encode_program,
+                                           has_barriers)
 from tvm_rammer.rprogram import RProgram
 from tvm_rammer.rtask import BarrierRTask, RTask
 
 
-def decode(table, num_veus):
-    """Inverse of encode_program: prog[vEU] = list of ("task", kind, rtask_id, publish) /
-    ("wait", [(vEU, step), ...])."""
-    offsets = table[: num_veus + 1]
+def decode(table, num_veus, offsets_len=0):
+    """Inverse of encode_program: prog[vEU] = list of ("task", kind, rtask_id, publish[, offsets])
+    / ("wait", [(vEU, step), ...])."""
+    starts = table[: num_veus + 1]
     base = num_veus + 1
     prog = []
     for v in range(num_veus):
         items = []
-        for i in range(offsets[v], offsets[v + 1]):
-            kind, a, b = table[base + 3 * i: base + 3 * i + 3]
+        for i in range(starts[v], starts[v + 1]):
+            kind, a, b, c = table[base + INST_WORDS * i: base + INST_WORDS * (i + 1)]
             if kind == BARRIER_KIND:
                 items.append(("wait", [tuple(table[a + 2 * j: a + 2 * j + 2]) for j in range(b)]))
+            elif offsets_len:
+                items.append(("task", int(kind), int(a), int(b), tuple(table[c: c + offsets_len])))
             else:
                 items.append(("task", int(kind), int(a), int(b)))
         prog.append(items)
     return prog
+
+
+def _plain(ops):
+    """Dispatch map without arena offsets: op uid -> (entry index, ())."""
+    return {op: (k, ()) for op, k in ops.items()}
 
 
 def figure9_program():
@@ -45,7 +53,7 @@ def figure9_program():
 
 def test_encode_figure9_round_trip():
     program = figure9_program()
-    table = encode_program(program, {0: 0, 1: 1, 2: 2})
+    table = encode_program(program, _plain({0: 0, 1: 1, 2: 2}))
     assert table.dtype == np.int32
     prog = decode(table, 2)
     # vEU 0: two matmul rTasks, a barrier on vEU 1's last relu (order 3 -> step 4), conv 0
@@ -62,7 +70,7 @@ def test_encode_figure9_round_trip():
 
 def test_encode_publishes_exactly_the_awaited_tasks():
     program = figure9_program()
-    table = encode_program(program, {0: 0, 1: 1, 2: 2})
+    table = encode_program(program, _plain({0: 0, 1: 1, 2: 2}))
     published = {(v, item[3] - 1) for v, items in enumerate(decode(table, 2))
                  for item in items if item[0] == "task" and item[3]}
     assert published == program.awaited()
@@ -72,18 +80,28 @@ def test_encode_without_barriers_and_trailing_veus_dropped():
     p = RProgram(4)
     for i in range(3):
         p.append(RTask(7, i), i)
-    table = encode_program(p, {7: 0}, num_veus=3)
+    table = encode_program(p, _plain({7: 0}), num_veus=3)
     assert not has_barriers(table, 3)
     assert decode(table, 3) == [[("task", 1, i, 0)] for i in range(3)]
     with pytest.raises(ValueError, match="have rTasks"):
-        encode_program(p, {7: 0}, num_veus=2)
+        encode_program(p, _plain({7: 0}), num_veus=2)
+
+
+def test_operators_sharing_a_body_carry_their_own_arena_offsets():
+    p = RProgram(2)
+    p.append(RTask(10, 0), 0)
+    p.append(RTask(11, 0), 1)
+    table = encode_program(p, {10: (0, (0, 64)), 11: (0, (128, 192))})
+    prog = decode(table, 2, offsets_len=2)
+    assert prog[0] == [("task", 1, 0, 0, (0, 64))]
+    assert prog[1] == [("task", 1, 0, 0, (128, 192))]
 
 
 def test_encode_rejects_foreign_items():
     p = RProgram.from_lists([[RTask(0, 0)]])
     p.prog[0].append("not a task")
     with pytest.raises(TypeError, match="not an rTask"):
-        encode_program(p, {0: 0})
+        encode_program(p, _plain({0: 0}))
 
 
 class _Kernel:
@@ -93,7 +111,8 @@ class _Kernel:
 
 def test_spec_sizes_the_pool_to_the_largest_rtask_and_checks_width():
     slots = (TensorSlot("a", (4,), "float32"), TensorSlot("b", (4,), "float32"))
-    entries = (DispatchEntry(_Kernel(128, 1024), (0, 1)), DispatchEntry(_Kernel(256, 4096), (0, 1)))
+    bindings = (Binding(0), Binding(1))
+    entries = (DispatchEntry(_Kernel(128, 1024), bindings), DispatchEntry(_Kernel(256, 4096), bindings))
     spec = PersistentKernelSpec("p", slots, 1, entries, veu_threads=256)
     assert spec.shared_bytes == 4096
     with pytest.raises(ValueError, match="narrower than the widest rTask"):

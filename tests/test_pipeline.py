@@ -34,6 +34,22 @@ def test_sixteen_gemv_branches_become_one_launch(join):
     assert summary["rtasks"][0] >= 16 * 16  # 16 GEMV operators of 16 rTasks each at least
 
 
+def test_identical_operators_share_one_kernel_body():
+    summary = inspect_model(get_model("branches", n=16), TARGET)
+    (program,) = summary["programs"]
+    assert len(program["operators"]) >= 17
+    assert program["kernel_bodies"] <= 3  # the 16 GEMV+ReLU share one body, weights in the blob
+
+
+def test_unrolled_lstm_is_one_rprogram_not_one_per_step():
+    summary = inspect_model(get_model("lstm_tc", seq_len=4, input_size=64, layers=2, hidden=64),
+                            TARGET)
+    assert summary["unplaced"] == []  # splits became slices: nothing cuts the rProgram
+    assert summary["launches"] < summary["default_launches"] // 10
+    assert sum(p["kernel_bodies"] for p in summary["programs"]) < sum(
+        len(p["operators"]) for p in summary["programs"]) // 4
+
+
 def test_tvm_compile_dispatches_on_the_rammer_target():
     mod = import_onnx(two_branch())
     rammer = tvm.target.Target(TARGET)
@@ -104,6 +120,7 @@ MODELS = {
     "conv_pool_concat_softmax": lambda: random_dag(5, num_ops=14),
     "random_dag_7": lambda: random_dag(7, num_ops=14),
     "nasbench_cell": lambda: get_model("nasbench_cell", seed=1, channels=16, image_size=8),
+    "lstm_arena": lambda: get_model("lstm_tc", seq_len=3, input_size=32, layers=2, hidden=32),
 }
 
 

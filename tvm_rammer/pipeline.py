@@ -25,6 +25,7 @@ from tvm.s_tir import dlight as dl
 
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.group_rprograms import RammerGroupRPrograms
+from relay_passes.split_to_slices import SplitToSlices
 
 from .config import RammerConfig
 from .target import is_rammer_target, register_tags
@@ -53,6 +54,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
+        SplitToSlices(),                               # one kernel per part: parts become rTasks
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants

@@ -160,6 +160,7 @@ def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
     return {"kernel": spec.name, "rtasks": int(program.num_rtasks), "num_veus": num_veus,
             "veus_per_sm": plan.veus_per_sm, "veu_threads": spec.veu_threads,
             "registers": registers, "shared_bytes": spec.shared_bytes,
+            "kernel_bodies": len(spec.entries),
             "barriers": int(program.num_barriers), "predicted_us": float(plan.predicted_us),
             "operators": operators}
 

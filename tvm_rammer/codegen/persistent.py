@@ -17,13 +17,19 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
 * cooperative launch (``tirx.kernel_launch_params``): a grid whose vEUs cannot all be co-resident
   fails at launch with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE instead of hanging.
 
+Operators that share one rKernel share one kernel body ("dispatch entry"): the tensors in which
+they differ live in an arena (the rProgram's intermediates in one uint8 work buffer, its constants in
+one uint8 blob), at per-operator element offsets stored in the table (``tir_templates.arena``).
+
 Table layout (int32)::
 
     [0, V]                 first instruction of vEU v is at offsets[v], one past its last at offsets[v+1]
-    [V+1, V+1+3*I)         instructions (kind, a, b): kind 0 = barrier-rTask, a = table index of its
-                           first <vEU, step> pair, b = number of pairs; kind k+1 = rTask of operator
-                           k, a = rtask_id, b = step to publish (0 = nobody waits for it)
-    [V+1+3*I, end)         <vEU, step> pairs of all barrier-rTasks
+    [V+1, V+1+4*I)         instructions (kind, a, b, c): kind 0 = barrier-rTask, a = table index of its
+                           first <vEU, step> pair, b = number of pairs; kind k+1 = rTask of dispatch
+                           entry k, a = rtask_id, b = step to publish (0 = nobody waits for it),
+                           c = table index of the operator's arena offsets
+    [.., ..+2*W)           <vEU, step> pairs of all barrier-rTasks
+    [.., end)              each operator's arena offsets (elements), one list per operator
 """
 
 from __future__ import annotations
@@ -38,10 +44,13 @@ from tvm.backend.cuda import op as cuda_op
 
 from ..rprogram import RProgram
 from ..rtask import BarrierRTask, RTask
+from tir_templates.arena import rebase
+
 from . import cuda_helpers
 
 INT32 = "int32"
 BARRIER_KIND = 0
+INST_WORDS = 4
 
 
 @dataclass(frozen=True)
@@ -54,11 +63,30 @@ class TensorSlot:
 
 
 @dataclass(frozen=True)
+class Binding:
+    """Where one kernel parameter's tensor is: a kernel parameter of its own (``slot``), or the
+    arena ``slot`` at a fixed element ``offset``, or at the operator's ``table_pos``-th offset."""
+
+    slot: int
+    offset: int | None = None
+    table_pos: int | None = None
+
+    @property
+    def in_arena(self) -> bool:
+        return self.offset is not None or self.table_pos is not None
+
+
+@dataclass(frozen=True)
 class DispatchEntry:
-    """One operator of the rProgram: its lowered rKernel and the tensors bound to its parameters."""
+    """One kernel body of the rProgram: a lowered rKernel and where its parameters' tensors are.
+    Several operators may run through one entry (their arena offsets differ)."""
 
     kernel: object  # tir_templates.prelower.LoweredKernel
-    tensor_index: tuple  # index into PersistentKernelSpec.tensors for each kernel parameter
+    bindings: tuple  # Binding per kernel parameter
+
+    @property
+    def num_offsets(self) -> int:
+        return sum(b.table_pos is not None for b in self.bindings)
 
 
 @dataclass(frozen=True)
@@ -89,43 +117,56 @@ class PersistentKernelSpec:
 
 
 def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = None) -> np.ndarray:
-    """The rProgram as the kernel's int32 table; ``dispatch`` maps operator uid -> dispatch index.
+    """The rProgram as the kernel's int32 table.
 
-    ``num_veus`` may drop trailing vEUs whose queues are empty (they would idle in the grid sync).
+    ``dispatch`` maps operator uid -> (dispatch index, arena offsets of that operator). ``num_veus``
+    may drop trailing vEUs whose queues are empty (they would idle in the grid sync).
     """
     num_veus = len(program.prog) if num_veus is None else num_veus
     if any(program.prog[num_veus:]):
         raise ValueError(f"cannot drop vEUs >= {num_veus}: they have rTasks")
     awaited = program.awaited()
-    insts, waits = [], []
-    offsets = [0]
+    insts, waits, offsets_of = [], [], {}
+    offset_lists = []
+    for op, (_, offsets) in dispatch.items():
+        offsets_of[op] = sum(len(o) for o in offset_lists)
+        offset_lists.append(tuple(offsets))
+    starts = [0]
     for veu, queue in enumerate(program.prog[:num_veus]):
         for order, task in enumerate(queue):
             if isinstance(task, BarrierRTask):
-                insts.append((BARRIER_KIND, len(waits), len(task.waits)))
+                insts.append((BARRIER_KIND, len(waits), len(task.waits), 0))
                 waits.extend((other, other_order + 1) for other, other_order in task.waits)
             elif isinstance(task, RTask):
                 publish = order + 1 if (veu, order) in awaited else 0
-                insts.append((dispatch[task.op] + 1, task.rtask_id, publish))
+                insts.append((dispatch[task.op][0] + 1, task.rtask_id, publish, offsets_of[task.op]))
             else:
                 raise TypeError(f"prog[{veu}][{order}] is {type(task).__name__}, not an rTask")
-        offsets.append(len(insts))
-    wait_base = num_veus + 1 + 3 * len(insts)
-    table = np.zeros(wait_base + 2 * len(waits), dtype=np.int32)
-    table[: num_veus + 1] = offsets
-    for i, (kind, a, b) in enumerate(insts):
+        starts.append(len(insts))
+    inst_base = num_veus + 1
+    wait_base = inst_base + INST_WORDS * len(insts)
+    offset_base = wait_base + 2 * len(waits)
+    flat_offsets = [x for o in offset_lists for x in o]
+    table = np.zeros(offset_base + len(flat_offsets), dtype=np.int64)
+    table[:inst_base] = starts
+    for i, (kind, a, b, c) in enumerate(insts):
         if kind == BARRIER_KIND:
             a = wait_base + 2 * a  # pair index -> absolute table index
-        table[num_veus + 1 + 3 * i: num_veus + 4 + 3 * i] = (kind, a, b)
+        else:
+            c = offset_base + c
+        table[inst_base + INST_WORDS * i: inst_base + INST_WORDS * (i + 1)] = (kind, a, b, c)
     for i, (other, step) in enumerate(waits):
         table[wait_base + 2 * i: wait_base + 2 * i + 2] = (other, step)
-    return table
+    table[offset_base:] = flat_offsets
+    if table.size and (table.max() > np.iinfo(np.int32).max or table.min() < 0):
+        raise ValueError("the rProgram table does not fit int32 (arena larger than 2 GiB?)")
+    return table.astype(np.int32)
 
 
 def has_barriers(table: np.ndarray, num_veus: int) -> bool:
     """Whether an encoded rProgram contains any barrier-rTask."""
     offsets = table[: num_veus + 1]
-    kinds = table[num_veus + 1: num_veus + 1 + 3 * int(offsets[-1]): 3]
+    kinds = table[num_veus + 1: num_veus + 1 + INST_WORDS * int(offsets[-1]): INST_WORDS]
     return bool(np.any(kinds == BARRIER_KIND))
 
 
@@ -140,6 +181,24 @@ def _sync():
 
 def _ptr(buf):
     return tirx.address_of(tirx.BufferLoad(buf, [tirx.const(0, INT32)]))
+
+
+def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, pool, instantiate):
+    """One rTask of a dispatch entry; arena-bound parameters are rebased onto their arena."""
+    data, rebases = [], []
+    for p, (param, binding) in enumerate(zip(entry.kernel.params, entry.bindings)):
+        if not binding.in_arena:
+            data.append(buffers[binding.slot])
+            continue
+        holder = tirx.decl_buffer(param.shape, str(param.dtype), name=f"{param.name}_arena{p}")
+        offset = (tirx.const(binding.offset, INT32) if binding.offset is not None
+                  else tirx.BufferLoad(table, [offsets_at + binding.table_pos]))
+        data.append(holder)
+        rebases.append((holder, buffers[binding.slot], offset))
+    stmt = instantiate(entry.kernel, data, rtask_id, tid, veu_threads, pool)
+    for holder, arena, offset in rebases:
+        stmt = rebase(stmt, holder, arena, offset)
+    return stmt
 
 
 def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
@@ -163,9 +222,9 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem", scope="shared")
 
     pc = tirx.Var("pc", INT32)
-    kind, arg_a, arg_b = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b"))
+    kind, arg_a, arg_b, arg_c = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b", "arg_c"))
     start = tirx.BufferLoad(table, [veu])
-    inst = num_veus + 1 + (start + pc) * 3
+    inst = num_veus + 1 + (start + pc) * INST_WORDS
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
         tirx.Evaluate(cuda_op.cuda_func_call(
             cuda_helpers.WAIT_NAME, _ptr(table), _ptr(state), arg_a, arg_b,
@@ -173,8 +232,8 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
             tirx.const(spec.spin_limit, "int64"), source_code=cuda_helpers.WAIT_SOURCE)),
         _sync()]), None)]
     for k, entry in enumerate(spec.entries):
-        data = [buffers[i] for i in entry.tensor_index]
-        rtask = instantiate(entry.kernel, data, arg_a, tid, spec.veu_threads, pool)
+        rtask = _entry_body(entry, buffers, table, arg_a, arg_c, tid, spec.veu_threads, pool,
+                            instantiate)
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
             cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
@@ -184,6 +243,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                     tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(table, [inst])),
                                   tirx.Bind(arg_a, tirx.BufferLoad(table, [inst + 1])),
                                   tirx.Bind(arg_b, tirx.BufferLoad(table, [inst + 2])),
+                                  tirx.Bind(arg_c, tirx.BufferLoad(table, [inst + 3])),
                                   *cases]))
     stmts = [tirx.AllocBuffer(pool)] if pool is not None else []
     if with_barriers:

@@ -1,0 +1,156 @@
+"""Where the tensors of one rProgram live, and which operators share a kernel body.
+
+Inputs: the rProgram's operators (dataflow-graph nodes) and their selected rKernels. Output: a
+:class:`TensorPlan`:
+
+* tensors read from outside stay kernel parameters, except constants, which are packed into one
+  uint8 blob (a Relax constant);
+* tensors produced inside and read outside are kernel outputs of their own; tensors produced and
+  consumed only inside live in one uint8 work arena (a kernel output nobody reads);
+* operators with the same rKernel become one dispatch entry as long as, at every parameter, they
+  bind the same tensor or tensors of one arena (at offsets the program table carries); otherwise
+  they are split into several entries. An unrolled LSTM's hundreds of identical cells thus share
+  one kernel body, and so do the repeated blocks of a CNN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tvm_rammer.codegen.persistent import Binding, DispatchEntry, TensorSlot
+
+ALIGN = 64  # bytes; every arena offset is a multiple of any dtype size
+
+
+@dataclass
+class TensorPlan:
+    """Kernel parameters (slots), dispatch entries and per-operator arena offsets."""
+
+    slots: list  # TensorSlot, inputs first
+    num_inputs: int
+    input_exprs: list  # Relax args for the non-constant input slots
+    blob: np.ndarray | None  # constants, packed (the last input slot when present)
+    outputs: list  # TensorRefs of the visible output slots, in order
+    arena_bytes: int  # work arena size (the last output slot when > 0)
+    entries: list  # DispatchEntry
+    dispatch: dict  # op uid -> (entry index, arena offsets)
+
+
+def _itemsize(dtype: str) -> int:
+    return max(1, np.dtype(dtype).itemsize) if dtype != "bool" else 1
+
+
+def _nbytes(tensor) -> int:
+    return int(np.prod(tensor.shape, dtype=np.int64)) * _itemsize(tensor.dtype)
+
+
+def _layout(tensors) -> tuple:
+    """{tensor: byte offset} with ALIGN-aligned offsets, and the total size."""
+    offsets, size = {}, 0
+    for t in tensors:
+        offsets[t] = size
+        size += -(-_nbytes(t) // ALIGN) * ALIGN
+    return offsets, size
+
+
+def _constant_bytes(tensor) -> bytes:
+    return np.ascontiguousarray(tensor.expr.value.numpy()).tobytes()
+
+
+def _split(groups, key):
+    out = []
+    for group in groups:
+        parts = {}
+        for op in group:
+            parts.setdefault(key(op), []).append(op)
+        out.extend(parts.values())
+    return out
+
+
+def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
+    """The TensorPlan of the rProgram made of ``node_ids``; ``kernel_of[op]`` is its LoweredKernel."""
+    members = set(node_ids)
+    visible = set(graph.outputs_used_outside(members))
+    produced, inputs = [], []
+    for i in node_ids:
+        produced += [t for t in graph.nodes[i].outputs if t not in produced]
+    for i in node_ids:
+        inputs += [t for t in graph.nodes[i].inputs if t.producer not in members and t not in inputs]
+    constants = [t for t in inputs if t.is_constant]
+    direct_inputs = [t for t in inputs if not t.is_constant]
+    outputs = [t for t in produced if t in visible]
+    internal = [t for t in produced if t not in visible]
+    const_at, blob_bytes = _layout(constants)
+    work_at, arena_bytes = _layout(internal)
+
+    slots = [TensorSlot(f"in{k}", tuple(int(d) for d in t.shape), t.dtype)
+             for k, t in enumerate(direct_inputs)]
+    blob_slot = None
+    if constants:
+        blob_slot = len(slots)
+        slots.append(TensorSlot("weights", (blob_bytes,), "uint8"))
+    num_inputs = len(slots)
+    slots += [TensorSlot(f"out{k}", tuple(int(d) for d in t.shape), t.dtype)
+              for k, t in enumerate(outputs)]
+    work_slot = None
+    if internal:
+        work_slot = len(slots)
+        slots.append(TensorSlot("work", (arena_bytes,), "uint8"))
+
+    def place(t):
+        """(slot, byte offset or None) of a tensor."""
+        if t in const_at:
+            return blob_slot, const_at[t]
+        if t in work_at:
+            return work_slot, work_at[t]
+        return (direct_inputs.index(t) if t in direct_inputs
+                else num_inputs + outputs.index(t)), None
+
+    binds = {i: [*graph.nodes[i].inputs, *graph.nodes[i].outputs] for i in node_ids}
+    groups = list({id(kernel_of[i]): [j for j in node_ids if kernel_of[j] is kernel_of[i]]
+                   for i in node_ids}.values())
+    split = []
+    for group in groups:
+        parts = [group]
+        for p in range(len(kernel_of[group[0]].params)):
+            parts = _split(parts, lambda op, p=p: _class(place(binds[op][p])))
+        split += parts
+    groups = split
+
+    entries, dispatch = [], {}
+    for group in groups:
+        kernel = kernel_of[group[0]]
+        bindings, per_op = [], {op: [] for op in group}
+        for p, param in enumerate(kernel.params):
+            where = [place(binds[op][p]) for op in group]
+            slot, offset = where[0]
+            if offset is None:
+                bindings.append(Binding(slot))
+                continue
+            size = _itemsize(str(param.dtype))
+            if all(w == where[0] for w in where):
+                bindings.append(Binding(slot, offset=offset // size))
+                continue
+            bindings.append(Binding(slot, table_pos=len(per_op[group[0]])))
+            for op, (_, off) in zip(group, where):
+                per_op[op].append(off // size)
+        for op in group:
+            dispatch[op] = (len(entries), tuple(per_op[op]))
+        entries.append(DispatchEntry(kernel, tuple(bindings)))
+
+    blob = None
+    if constants:
+        blob = np.zeros(blob_bytes, dtype=np.uint8)
+        for t in constants:
+            raw = np.frombuffer(_constant_bytes(t), dtype=np.uint8)
+            blob[const_at[t]: const_at[t] + raw.size] = raw
+    return TensorPlan(slots, num_inputs, [t.expr for t in direct_inputs], blob, outputs,
+                      arena_bytes, entries, dispatch)
+
+
+def _class(where) -> tuple:
+    """Parameters of one entry may differ in arena offsets, never in their slot."""
+    slot, offset = where
+    return (slot, offset is not None)
