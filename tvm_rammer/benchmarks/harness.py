@@ -27,27 +27,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tvm_rammer.models import REDUCED
+
 SCHEMA = "tvm-rammer-bench/1"
 TABLE1_MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq2seq")
 NO_GPU = "timing needs a GPU: none visible"
 EVENT_PREFIX = "@@bench "
-# --reduced: the same builders at a size that lowers in seconds (the models' own code paths).
-REDUCED = {
-    "resnext29": dict(cardinality=2, bottleneck_width=4, base_channels=8, blocks_per_stage=1,
-                      image_size=16),
-    "nasnet_cifar": dict(num_cells=1, num_conv_filters=8, image_size=16),
-    "alexnet": dict(image_size=67, width=0.125, fc_width=64),
-    "deepspeech2": dict(seq_len=6, n_freq=21, hidden=16, layers=2, conv_channels=4),
-    "lstm_tc": dict(seq_len=5, input_size=16, hidden=16, layers=3),
-    "seq2seq": dict(src_len=5, tgt_len=3, hidden=16, enc_layers=3, dec_layers=2),
-    "inception_v3": dict(image_size=75, width=0.125),
-    "squeezenet": dict(image_size=64, width=0.25),
-    "googlenet": dict(image_size=64, width=0.125),
-    "randwire": dict(nodes=8, channels=8, image_size=64),
-    "nasbench_cell": dict(seed=3, channels=8, image_size=8),
-    "branches": dict(n=4, k=16, n_out=8),
-    "two_branch": dict(rows=4, k=16, n_out=8),
-}
 TOLERANCE = 1e-3  # max relative error vs onnxruntime before a system is timed
 
 

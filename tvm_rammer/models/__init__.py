@@ -33,6 +33,26 @@ MODELS = {
 }
 
 
+# Reduced configurations of every model: the same code paths, seconds to build and lower
+# (tests and `tvm-rammer bench --reduced`).
+REDUCED = {
+    "resnext29": dict(cardinality=2, bottleneck_width=4, base_channels=8, blocks_per_stage=1,
+                      image_size=16),
+    "nasnet_cifar": dict(num_cells=1, num_conv_filters=8, image_size=16),
+    "alexnet": dict(image_size=67, width=0.125, fc_width=64),
+    "deepspeech2": dict(seq_len=6, n_freq=21, hidden=16, layers=2, conv_channels=4),
+    "lstm_tc": dict(seq_len=5, input_size=16, hidden=16, layers=3),
+    "seq2seq": dict(src_len=5, tgt_len=3, hidden=16, enc_layers=3, dec_layers=2),
+    "inception_v3": dict(image_size=75, width=0.125),
+    "squeezenet": dict(image_size=64, width=0.25),
+    "googlenet": dict(image_size=64, width=0.125),
+    "randwire": dict(nodes=8, channels=8, image_size=64),
+    "nasbench_cell": dict(seed=3, channels=8, image_size=8),
+    "branches": dict(n=4, k=16, n_out=8),
+    "two_branch": dict(rows=4, k=16, n_out=8),
+}
+
+
 def get_model(name, batch=1, **kw):
     """Build the model registered as `name` with `batch` and its keyword arguments."""
     if name not in MODELS:
@@ -40,4 +60,4 @@ def get_model(name, batch=1, **kw):
     return MODELS[name](batch=batch, **kw)
 
 
-__all__ = ["MODELS", "get_model", *MODELS]
+__all__ = ["MODELS", "REDUCED", "get_model", *MODELS]
