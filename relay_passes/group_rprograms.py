@@ -241,6 +241,53 @@ def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Pl
     return _Plan(plan, node_ids, first_wave, tensors, spec, table, func)
 
 
+def _plan_timer(graph, op_graph, config, vdevice, target, dev):
+    """``build_and_time(plan)``: the measured time (us) of a plan's persistent kernel on ``dev``
+    (compile-time profiling of whole rPrograms, paper 3.2), run on seeded random inputs."""
+    rng = np.random.default_rng(0)
+
+    def build_and_time(plan):
+        built = _build_plan(0, plan, graph, op_graph, config, vdevice, ResourceProbe(False), target)
+        name = built.spec.name
+        lib = tvm.tirx.build(tvm.IRModule({name: built.func.with_attr("global_symbol", name)}),
+                             target)
+        args = []
+        for param in built.func.params:
+            shape, dtype = [int(d) for d in param.ty.shape], str(param.ty.dtype)
+            if param.name == "rammer_program":
+                data = built.table
+            elif param.name == "weights" and built.tensors.blob is not None:
+                data = built.tensors.blob
+            elif dtype.startswith("float"):
+                data = rng.standard_normal(shape).astype(dtype)
+            else:
+                data = np.zeros(shape, dtype=dtype)
+            args.append(tvm.runtime.tensor(data, dev))
+        timer = lib.time_evaluator(name, dev, number=20, repeat=5, min_repeat_ms=1)
+        return float(np.median(timer(*args).results)) * 1e6
+
+    return build_and_time
+
+
+def _profile_for(graph, op_graph, config, vdevice, target):
+    """The policy's ``profile``: measured rProgram times from the profile database, measuring on
+    the local GPU when ``config.profile_db`` is set; None (analytical times) otherwise."""
+    if not config.profile_db:
+        return None, None
+    from tvm_rammer.tuning.profile_db import ProfileDB
+    from tvm_rammer.tuning.profiler import local_gpu, rprogram_profile
+
+    db = ProfileDB.load(config.profile_db)
+    arch = str(target.attrs.get("arch", "sm_90a"))
+    gpu = local_gpu()
+    if gpu is None:
+        device = db.device_for_arch(arch) or f"unknown-{arch}"
+        return rprogram_profile(op_graph, None, db, device, arch), db
+    dev, device, _ = gpu
+    timer = _plan_timer(graph, op_graph, config, vdevice, target, dev)
+    return rprogram_profile(op_graph, timer, db, device, arch), db
+
+
 @tvm.transform.module_pass(opt_level=0, name="RammerGroupRPrograms")
 class RammerGroupRPrograms:
     """Replace the operators of each rProgram by one call_tir to its persistent kernel.
@@ -268,7 +315,10 @@ class RammerGroupRPrograms:
             unplaced = [{"name": graph.nodes[i].name, "reason": r} for i, r in skipped.items()]
             return mod.with_attr(UNPLACED_ATTR, json.dumps(unplaced))
         op_graph = _op_graph(graph, ops, skipped)
-        plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice))
+        profile, db = _profile_for(graph, op_graph, config, vdevice, target)
+        plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice), profile)
+        if db is not None and db.dirty:
+            db.save()
         probe = ResourceProbe(enabled=config.measure_resources)
         built = [_build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
                  for k, plan in enumerate(plans)]
