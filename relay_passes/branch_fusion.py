@@ -41,7 +41,10 @@ class BranchPreservingFusion:
         """Plan groups on main's dataflow graph and emit one fused function per group."""
         if "main" not in [str(gv.name_hint) for gv in mod.functions]:
             return mod
-        graph = DataflowGraph.from_function(mod["main"], mod)
+        try:
+            graph = DataflowGraph.from_function(mod["main"], mod)
+        except ValueError:  # control flow in main: no waves to protect, TVM's own fusion applies
+            return tvm.relax.transform.FuseOps()(mod)
         groups = [g for g in plan_groups(graph) if len(g) > 1]
         if not groups:
             return mod

@@ -308,7 +308,13 @@ class RammerGroupRPrograms:
                              f"(got {target}); run it inside `with rammer_target(...)`")
         config = self.config
         vdevice = rkernels.vdevice_for(target, config)
-        graph = DataflowGraph.from_function(mod["main"], mod)
+        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+            raise ValueError("the module has no Relax function 'main' to schedule")
+        try:
+            graph = DataflowGraph.from_function(mod["main"], mod)
+        except ValueError as err:  # control flow or several blocks: keep TVM's ordinary kernels
+            LOG.warning("tvm-rammer: main is left as ordinary kernels: %s", err)
+            return mod.with_attr(UNPLACED_ATTR, json.dumps([{"name": "main", "reason": str(err)}]))
         ops, skipped = _collect_operators(graph, mod, target, config, vdevice)
         if not ops:
             LOG.info("tvm-rammer: no operator can become rTasks; module left unchanged")

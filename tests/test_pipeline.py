@@ -139,3 +139,24 @@ def test_persistent_kernels_compile_with_nvcc_for_sm90a(name):
         assert 0 < usage["registers"] <= 255
         assert usage["spills"] < 1024  # a few spilled bytes cost speed, not correctness
         assert usage["shared_bytes"] <= 48 * 1024
+
+
+def test_main_with_control_flow_keeps_ordinary_kernels():
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class WithIf:
+        @R.function
+        def main(x: R.Tensor((4,), "float32"), c: R.Tensor((), "bool")) -> R.Tensor((4,), "float32"):
+            if c:
+                y = R.add(x, x)
+            else:
+                y = R.multiply(x, x)
+            return y
+
+    lowered = lower(WithIf, TARGET)
+    from tvm_rammer.report import unplaced_operators
+
+    assert not persistent_kernels(lowered)
+    assert unplaced_operators(lowered)[0]["name"] == "main"
+    assert count_launches(lowered) >= 1
