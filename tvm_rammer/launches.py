@@ -80,3 +80,34 @@ def _count_in(func, per_func, relax_funcs, visiting) -> int:
 
     tvm_ffi.structural_walk(func.body, (relax.Call, on_call))
     return total
+
+
+RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
+
+
+def count_cuda_graph_launches(mod: tvm.IRModule, entry: str = "main") -> dict:
+    """Kernels per inference of a module lowered with CUDA graphs (``relax.backend.use_cuda_graph``):
+    a replay counts as the kernels captured in it, plus the kernels launched outside any graph."""
+    per_func = {gv.name_hint: kernels_in_primfunc(f) for gv, f in mod.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc)}
+    relax_funcs = {gv.name_hint: f for gv, f in mod.functions_items()
+                   if isinstance(f, relax.Function)}
+    outside = count_launches(mod, entry)
+    captured, replays = 0, 0
+
+    def on_call(call):
+        nonlocal captured, replays
+        op = call.op
+        if isinstance(op, tvm.ir.Op) and op.name == "relax.call_builtin_with_ctx":
+            name = str(call.args[0].global_symbol) if isinstance(call.args[0], relax.ExternFunc) \
+                else ""
+            if name == RUN_OR_CAPTURE:
+                capture = call.args[1].fields[0]
+                replays += 1
+                captured += _count_in(relax_funcs[capture.name_hint], per_func, relax_funcs, set())
+
+    tvm_ffi.structural_walk(relax_funcs[entry].body, (relax.Call, on_call))
+    return {"launches": outside + captured, "graph_replays": replays,
+            "captured_kernels": captured, "kernels_outside_graphs": outside,
+            "launch_note": f"{captured} kernels captured in {replays} CUDA graph(s), counted as "
+                           f"kernels, + {outside} launched outside graphs"}

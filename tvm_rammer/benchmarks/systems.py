@@ -26,7 +26,7 @@ from tvm import relax
 from ..config import RammerConfig
 from ..frontend import lower as lower_rammer
 from ..inspection import plain_cuda_target
-from ..launches import _count_in, count_launches, kernels_in_primfunc
+from ..launches import count_cuda_graph_launches, count_launches
 from ..pipeline import rammer_pipeline
 from ..target import resolve_target
 
@@ -46,7 +46,6 @@ DESCRIPTIONS = {
     TORCH_CUDA_GRAPH: "PyTorch CUDA-graph replay of the same module",
 }
 CUDA_GRAPH_CONFIG = {"relax.backend.use_cuda_graph": True}
-_RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 
 
 @dataclass
@@ -92,31 +91,7 @@ def tvm_systems(target, config: RammerConfig) -> list:
     return [TVMSystem(name, target, config) for name in TVM_SYSTEMS]
 
 
-def cuda_graph_launches(mod: tvm.IRModule, entry: str = "main") -> dict:
-    """Kernels per inference of a module lowered with CUDA graphs: captured + outside graphs."""
-    per_func = {gv.name_hint: kernels_in_primfunc(f) for gv, f in mod.functions_items()
-                if isinstance(f, tvm.tirx.PrimFunc)}
-    relax_funcs = {gv.name_hint: f for gv, f in mod.functions_items()
-                   if isinstance(f, relax.Function)}
-    outside = count_launches(mod, entry)
-    captured, replays = 0, 0
-
-    def on_call(call):
-        nonlocal captured, replays
-        op = call.op
-        if isinstance(op, tvm.ir.Op) and op.name == "relax.call_builtin_with_ctx":
-            name = str(call.args[0].global_symbol) if isinstance(call.args[0], relax.ExternFunc) \
-                else ""
-            if name == _RUN_OR_CAPTURE:
-                capture = call.args[1].fields[0]
-                replays += 1
-                captured += _count_in(relax_funcs[capture.name_hint], per_func, relax_funcs, set())
-
-    tvm_ffi.structural_walk(relax_funcs[entry].body, (relax.Call, on_call))
-    return {"launches": outside + captured, "graph_replays": replays,
-            "captured_kernels": captured, "kernels_outside_graphs": outside,
-            "launch_note": f"{captured} kernels captured in {replays} CUDA graph(s), counted as "
-                           f"kernels, + {outside} launched outside graphs"}
+cuda_graph_launches = count_cuda_graph_launches
 
 
 # --- running and timing ---------------------------------------------------------------------
