@@ -198,13 +198,13 @@ class DataflowGraph:
         """Tensors produced by `node_set` that a node outside it, or the block's output, reads.
         Alias nodes are looked through: whoever reads an alias var reads the same TensorRef."""
         node_set = set(node_set)
-        used = []
+        used = {}
         for i in sorted(node_set):
             for t in self.nodes[i].outputs:
                 if t not in used and (self.is_graph_output(t) or any(
                         c not in node_set and self.nodes[c].kind != "alias" for c in self.consumers(t))):
-                    used.append(t)
-        return used
+                    used[t] = None
+        return list(used)
 
     def _compute_levels(self):
         """Longest-path level: 0 reads only params/constants; aliases take their source's level."""

@@ -73,11 +73,9 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
     """The TensorPlan of the rProgram made of ``node_ids``; ``kernel_of[op]`` is its LoweredKernel."""
     members = set(node_ids)
     visible = set(graph.outputs_used_outside(members))
-    produced, inputs = [], []
-    for i in node_ids:
-        produced += [t for t in graph.nodes[i].outputs if t not in produced]
-    for i in node_ids:
-        inputs += [t for t in graph.nodes[i].inputs if t.producer not in members and t not in inputs]
+    produced = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].outputs))
+    inputs = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].inputs
+                                if t.producer not in members))
     constants = [t for t in inputs if t.is_constant]
     direct_inputs = [t for t in inputs if not t.is_constant]
     outputs = [t for t in produced if t in visible]
@@ -99,18 +97,22 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
         work_slot = len(slots)
         slots.append(TensorSlot("work", (arena_bytes,), "uint8"))
 
+    direct_slot = {t: k for k, t in enumerate(direct_inputs)}
+    direct_slot.update({t: num_inputs + k for k, t in enumerate(outputs)})
+
     def place(t):
         """(slot, byte offset or None) of a tensor."""
         if t in const_at:
             return blob_slot, const_at[t]
         if t in work_at:
             return work_slot, work_at[t]
-        return (direct_inputs.index(t) if t in direct_inputs
-                else num_inputs + outputs.index(t)), None
+        return direct_slot[t], None
 
     binds = {i: [*graph.nodes[i].inputs, *graph.nodes[i].outputs] for i in node_ids}
-    groups = list({id(kernel_of[i]): [j for j in node_ids if kernel_of[j] is kernel_of[i]]
-                   for i in node_ids}.values())
+    by_kernel = {}
+    for i in node_ids:
+        by_kernel.setdefault(id(kernel_of[i]), []).append(i)
+    groups = list(by_kernel.values())
     split = []
     for group in groups:
         parts = [group]

@@ -127,10 +127,10 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
         raise ValueError(f"cannot drop vEUs >= {num_veus}: they have rTasks")
     awaited = program.awaited()
     insts, waits, offsets_of = [], [], {}
-    offset_lists = []
+    flat_offsets = []
     for op, (_, offsets) in dispatch.items():
-        offsets_of[op] = sum(len(o) for o in offset_lists)
-        offset_lists.append(tuple(offsets))
+        offsets_of[op] = len(flat_offsets)
+        flat_offsets.extend(offsets)
     starts = [0]
     for veu, queue in enumerate(program.prog[:num_veus]):
         for order, task in enumerate(queue):
@@ -146,7 +146,6 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     inst_base = num_veus + 1
     wait_base = inst_base + INST_WORDS * len(insts)
     offset_base = wait_base + 2 * len(waits)
-    flat_offsets = [x for o in offset_lists for x in o]
     table = np.zeros(offset_base + len(flat_offsets), dtype=np.int64)
     table[:inst_base] = starts
     for i, (kind, a, b, c) in enumerate(insts):
