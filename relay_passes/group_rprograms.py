@@ -31,14 +31,14 @@ from tvm_rammer.codegen.persistent import (PersistentKernelSpec, build_persisten
                                            encode_program, has_barriers)
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.policy import OpGraph, schedule
+from tvm_rammer.report import REPORT_ATTR, UNPLACED_ATTR
 from tvm_rammer.resources import ResourceProbe
 
 from .dataflow_graph import DataflowGraph
 from .rprogram_tensors import TensorPlan, plan_tensors
 
 LOG = logging.getLogger("tvm_rammer")
-REPORT_ATTR = "rammer.report"
-UNPLACED_ATTR = "rammer.unplaced"
+
 
 
 @dataclass

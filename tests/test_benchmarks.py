@@ -15,7 +15,7 @@ from tvm_rammer.benchmarks import floor as fl
 from tvm_rammer.benchmarks.harness import NO_GPU, REDUCED, SCHEMA, BenchOptions, run_bench
 from tvm_rammer.benchmarks.output import add_derived, format_table, write_chart, write_json
 from tvm_rammer.benchmarks.progress import Progress
-from tvm_rammer.benchmarks.systems import SYSTEMS, cuda_graph_launches, tvm_systems
+from tvm_rammer.benchmarks.systems import SYSTEMS, tvm_systems
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.frontend import import_onnx
 from tvm_rammer.models import get_model

@@ -11,7 +11,6 @@ import tvm
 from tvm import relax
 
 import tvm_rammer
-from tvm_rammer.frontend import import_onnx
 from tvm_rammer.models import get_model
 from tvm_rammer.runner import onnx_reference, random_inputs, relative_error
 

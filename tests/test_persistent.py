@@ -7,7 +7,7 @@ from tvm_rammer.codegen.persistent import (BARRIER_KIND, INST_WORDS, Binding, Di
                                            PersistentKernelSpec, TensorSlot, encode_program,
                                            has_barriers)
 from tvm_rammer.rprogram import RProgram
-from tvm_rammer.rtask import BarrierRTask, RTask
+from tvm_rammer.rtask import RTask
 
 
 def decode(table, num_veus, offsets_len=0):

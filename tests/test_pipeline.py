@@ -2,14 +2,13 @@
 
 import logging
 
-import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
 import tvm_rammer
 from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model, lower_default
+from tvm_rammer.inspection import inspect_model
 from tvm_rammer.launches import count_launches
 from tvm_rammer.models import get_model
 from tvm_rammer.report import rprogram_reports

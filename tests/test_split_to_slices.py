@@ -1,7 +1,6 @@
 """SplitToSlices keeps the computation and leaves one kernel per part."""
 
 import numpy as np
-import onnx
 import tvm
 from onnx import TensorProto, helper
 from tvm import relax

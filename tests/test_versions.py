@@ -8,7 +8,7 @@ from conftest_tir import MODELS, TARGET, single_op_module
 from tir_templates.templates import operator_kind, template_schedules
 from tvm_rammer import rkernels
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
+from tvm_rammer.policy import OpGraph, schedule
 from tvm_rammer.tuning.profiler import Profiler
 from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, kernel_versions,
                                         unscheduled_funcs)

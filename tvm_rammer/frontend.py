@@ -6,7 +6,6 @@ import os
 
 import onnx
 import tvm
-from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from .config import RammerConfig

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import tvm
 
 from .config import RammerConfig
@@ -163,8 +162,3 @@ def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
             "kernel_bodies": len(spec.entries),
             "barriers": int(program.num_barriers), "predicted_us": float(plan.predicted_us),
             "operators": operators}
-
-
-def as_int32(table) -> np.ndarray:
-    """The program table as a contiguous int32 array."""
-    return np.ascontiguousarray(table, dtype=np.int32)

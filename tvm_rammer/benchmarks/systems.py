@@ -20,14 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 
 from ..config import RammerConfig
 from ..frontend import lower as lower_rammer
 from ..inspection import plain_cuda_target
 from ..launches import count_cuda_graph_launches, count_launches
-from ..pipeline import rammer_pipeline
 from ..target import resolve_target
 
 TVM_DEFAULT = "tvm-default"
