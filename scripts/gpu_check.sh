@@ -10,6 +10,7 @@ out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 export PYTHONUNBUFFERED=1
+export TVM_CUDA_COMPILE_MODE="${TVM_CUDA_COMPILE_MODE:-nvcc}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
 

@@ -22,6 +22,10 @@ def test_inspect_json_on_sixteen_gemv_branches(branches16, capsys):
     assert summary["default_launches"] >= 16
     assert len(summary["rtasks"]) == 1 and summary["rtasks"][0] >= 256
     assert summary["veus"][0] >= 256 and summary["unplaced"] == []
+    (program,) = summary["programs"]
+    for op in program["operators"]:  # the version chosen for each operator, and why
+        assert op["reason"] in ("fastest", "efficient", "only") and op["rtasks"] >= 1
+    assert program["predicted_us"] > 0
 
 
 def test_inspect_text_lists_every_operator(branches16, capsys):

@@ -53,7 +53,7 @@ def cmd_inspect(args) -> int:
     from . import inspection
     summary = inspection.inspect_model(args.model, args.target, _config(args))
     if args.json:
-        summary = {k: v for k, v in summary.items() if args.full or k != "programs"}
+        summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
         print(json.dumps(summary))
     else:
         from .report import format_schedule
@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
     _add_common(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
-    p.add_argument("--full", action="store_true", help="with --json: include per-rProgram details")
+    p.add_argument("--brief", action="store_true",
+                   help="with --json: leave out the per-rProgram details (operators, versions, "
+                        "why each version was chosen, predicted and profiled times)")
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("run", help="run on the GPU, compare with onnxruntime, time vs TVM default")
     _add_common(p)
