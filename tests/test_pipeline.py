@@ -111,6 +111,10 @@ def test_bad_targets_and_models_raise_clear_errors(tmp_path):
         tvm_rammer.compile(str(bad))
     with pytest.raises(TypeError, match="expected an onnx.ModelProto"):
         tvm_rammer.compile(42)
+    with pytest.raises(TypeError, match="config must be a RammerConfig"):
+        tvm_rammer.compile(two_branch(), config={"veus_per_sm": 2})
+    with pytest.raises(ValueError, match="selection='best'"):
+        tvm_rammer.RammerConfig(selection="best")
 
 
 MODELS = {

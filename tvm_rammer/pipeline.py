@@ -78,7 +78,7 @@ def _with_target(target, pass_):
 
 def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfig | None = None):
     """The rammer pipeline as one module pass; the target defaults to the one in scope."""
-    config = config or RammerConfig()
+    config = _config_from(config, {})
 
     @tvm.transform.module_pass(opt_level=0, name="RammerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
