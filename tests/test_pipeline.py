@@ -163,3 +163,14 @@ def test_main_with_control_flow_keeps_ordinary_kernels():
     assert not persistent_kernels(lowered)
     assert unplaced_operators(lowered)[0]["name"] == "main"
     assert count_launches(lowered) >= 1
+
+
+def test_barriers_are_bounded_and_the_launch_cooperative():
+    lowered = lower(import_onnx(get_model("branches", n=4)), TARGET)
+    ((name, func),) = persistent_kernels(lowered).items()
+    assert "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])
+    source = cuda_source(func.with_attr("global_symbol", name), tvm_rammer.rammer_target(TARGET))
+    assert "cg::this_grid().sync()" in source      # per-run step state is zeroed before any wait
+    assert "__trap()" in source and "spin_limit" in source  # a stuck wait aborts, never hangs
+    assert "ld.acquire.gpu" in source and "st.release.gpu" in source
+    assert "__launch_bounds__(" in source and ", " in source.split("__launch_bounds__(")[1][:12]
