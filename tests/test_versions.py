@@ -103,3 +103,16 @@ def test_versions_feed_select_rkernels(versions):
     assert sum(len(p.ops) for p in plans) == 16
     assert all(p.reason[o] in ("fastest", "efficient") for p in plans for o in p.ops)
     assert profiler.summary()["analytical"] == 16 * len(found)
+
+
+def test_a_small_mean_gets_a_version_without_partial_warp_shuffles():
+    """Global average pooling (sum, then divide): dlight reduces 16 elements with 16 threads and
+    warp shuffles, which cannot early-exit in a wider vEU; the spatial template (serial reduction,
+    epilogue fused) can, so the operator stays placeable."""
+    from tir_templates.rtask_rewrite import early_exit_problem
+
+    mod, gv = stashed_and_scheduled(lambda x: relax.op.mean(x, axis=[2, 3]), (1, 64, 4, 4))
+    found = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv],
+                            unscheduled=unscheduled_funcs(mod)[gv.name_hint])
+    runnable = [v for v in found if early_exit_problem(v.lowered, 256) is None]
+    assert any(v.source == "template" for v in runnable), [v.name for v in found]

@@ -42,9 +42,10 @@ class Template:
     func: tirx.PrimFunc
 
 
-def _prepare(func: tirx.PrimFunc):
+def _prepare(func: tirx.PrimFunc, allow_epilogue: bool = False):
     """(schedule, the one remaining block, its loops by kind) after inlining everything else; None when
-    the function does not reduce to a single S*/R* block."""
+    the function does not reduce to a single S*/R* block. With ``allow_epilogue`` a reduction may be
+    followed by one spatial block (``mean`` = sum, then divide): it comes back as a fifth item."""
     if not isinstance(func, tirx.PrimFunc):
         return None
     try:
@@ -55,6 +56,11 @@ def _prepare(func: tirx.PrimFunc):
         infos = try_inline(sch, infos)
     except Exception:  # pylint: disable=broad-except
         return None
+    epilogue = None
+    if allow_epilogue and len(infos) == 2 and all(k == "S" for k in infos[1].dom_kind()) \
+            and "R" in infos[0].dom_kind():
+        epilogue = infos[1].block_rv
+        infos = infos[:1]
     if len(infos) != 1:
         return None
     block = infos[0].block_rv
@@ -67,6 +73,8 @@ def _prepare(func: tirx.PrimFunc):
             return None
     s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]
     r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
+    if allow_epilogue:
+        return sch, block, s_loops, r_loops, epilogue
     return sch, block, s_loops, r_loops
 
 
@@ -83,10 +91,10 @@ def operator_kind(func: tirx.PrimFunc) -> str | None:
     block ``func`` reduces to after inlining; None when it has several blocks. Read from the loop nest
     (unit loops dropped): matmul/GEMV have one reduction axis (GEMV: at most 4 output rows), conv2d
     three (input channels and the window), depthwise/grouped conv two (the window)."""
-    prepared = _prepare(func)
+    prepared = _prepare(func, allow_epilogue=True)
     if prepared is None:
         return None
-    sch, _, s_loops, r_loops = prepared
+    sch, _, s_loops, r_loops, _ = prepared
     if not r_loops:
         return "elementwise"
     spatial = [_extent(sch, lp) for lp in s_loops]
@@ -100,11 +108,14 @@ def operator_kind(func: tirx.PrimFunc) -> str | None:
 
 
 def schedule_spatial(func: tirx.PrimFunc, threads: int, per_thread: int = 1) -> tirx.PrimFunc | None:
-    """Each thread computes ``per_thread`` consecutive outputs; the reduction is serial, in registers."""
-    prepared = _prepare(func)
+    """Each thread computes ``per_thread`` consecutive outputs; the reduction is serial, in registers
+    (no warp shuffles, so it may early-exit in any vEU). A spatial epilogue is fused per thread."""
+    prepared = _prepare(func, allow_epilogue=True)
     if prepared is None:
         return None
-    sch, block, s_loops, r_loops = prepared
+    sch, block, s_loops, r_loops, epilogue = prepared
+    if epilogue is not None and not r_loops:
+        return None
     if not s_loops:
         s_loops = [sch.add_unit_loop(block)]
     sch.reorder(*s_loops, *r_loops)
@@ -118,6 +129,11 @@ def schedule_spatial(func: tirx.PrimFunc, threads: int, per_thread: int = 1) -> 
     if r_loops:
         local = sch.cache_write(block, 0, "local")
         sch.reverse_compute_at(local, tx)
+        if epilogue is not None:
+            try:
+                sch.reverse_compute_inline(epilogue)
+            except Exception:  # pylint: disable=broad-except  (not elementwise on the output)
+                return None
         sch.decompose_reduction(block, vec if per_thread > 1 else r_loops[0])
     return _finish(sch)
 

@@ -163,6 +163,15 @@ def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
             scheduled = None
         if scheduled is not None:
             found.append((f"dlight_t{threads}", scheduled))
+    # dlight's Fallback alone: serial reductions, no warp shuffles, so a version that can always
+    # early-exit in a wider vEU (cross-thread reductions over a partial warp cannot)
+    try:
+        scheduled = _apply(func, target, dl.gpu.Fallback())
+    except Exception as err:  # pylint: disable=broad-except
+        LOG.debug("tvm-rammer: dlight Fallback does not apply: %s", err)
+        scheduled = None
+    if scheduled is not None:
+        found.append(("dlight_fallback", scheduled))
     return found
 
 
