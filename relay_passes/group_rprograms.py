@@ -33,6 +33,7 @@ from tvm_rammer.config import RammerConfig
 from tvm_rammer.policy import OpGraph, schedule
 from tvm_rammer.report import REPORT_ATTR, UNPLACED_ATTR
 from tvm_rammer.resources import ResourceProbe
+from tvm_rammer.target import rkernel_target
 
 from .dataflow_graph import DataflowGraph
 from .rprogram_tensors import TensorPlan, plan_tensors
@@ -88,7 +89,8 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
         name = node.gvar.name_hint
         if config.versions:
             if name not in cache:
-                found = tv.kernel_versions(name, target, scheduled=mod[node.gvar],
+                found = tv.kernel_versions(name, rkernel_target(target, config),
+                                           scheduled=mod[node.gvar],
                                            unscheduled=stash.get(name), database=database)
                 cache[name] = _runnable(found, config.max_rtask_threads)
             found = cache[name]

@@ -28,21 +28,10 @@ from relay_passes.group_rprograms import RammerGroupRPrograms
 from relay_passes.split_to_slices import SplitToSlices
 
 from .config import RammerConfig
-from .target import is_rammer_target, register_tags
+from .target import is_rammer_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
-
-
-def rkernel_target(target: tvm.target.Target, config: RammerConfig) -> tvm.target.Target:
-    """The target dlight schedules under: threads per block capped at ``max_rtask_threads``."""
-    spec = dict(target.export())
-    spec.pop("tag", None)
-    spec["keys"] = list(spec.get("keys", ()))
-    spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), config.max_rtask_threads)
-    spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)),
-                                        config.max_rtask_threads)
-    return tvm.target.Target(spec)
 
 
 def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:

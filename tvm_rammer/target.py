@@ -65,3 +65,14 @@ def register_tags() -> None:
         config.pop("tag", None)
         config["keys"] = list(config["keys"])
         tvm.target.register_tag(name, config)
+
+
+def rkernel_target(target: tvm.target.Target, config) -> tvm.target.Target:
+    """The target dlight schedules under: threads per block capped at ``max_rtask_threads``."""
+    spec = dict(target.export())
+    spec.pop("tag", None)
+    spec["keys"] = list(spec.get("keys", ()))
+    spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), config.max_rtask_threads)
+    spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)),
+                                        config.max_rtask_threads)
+    return tvm.target.Target(spec)
