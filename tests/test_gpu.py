@@ -134,3 +134,18 @@ def test_too_many_veus_fail_with_a_clear_error():
     feeds = random_inputs(model, seed=0)
     with pytest.raises(ValueError, match="cooperative launch too large"):
         execute(ex, list(feeds.values()), tvm.cuda(0), runs=1)
+
+
+def test_cli_library_loads_and_runs(tmp_path):
+    import onnx
+
+    from tvm_rammer.cli import main
+
+    model = get_model("branches", n=8)
+    path, lib = tmp_path / "m.onnx", tmp_path / "m.so"
+    onnx.save(model, str(path))
+    assert main(["compile", str(path), "--target", str(_target()), "-o", str(lib)]) == 0
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cuda(0))
+    feeds = random_inputs(model, seed=5)
+    out = _outputs(vm["main"](tvm.runtime.tensor(next(iter(feeds.values())), tvm.cuda(0))))[0]
+    assert relative_error(out, onnx_reference(model, feeds)[0]) <= TOLERANCE
