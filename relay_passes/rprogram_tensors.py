@@ -73,6 +73,10 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
     """The TensorPlan of the rProgram made of ``node_ids``; ``kernel_of[op]`` is its LoweredKernel."""
     members = set(node_ids)
     visible = set(graph.outputs_used_outside(members))
+    for i in node_ids:  # a tuple-output binding is re-emitted whole when any part is read outside
+        outs = graph.nodes[i].outputs
+        if len(outs) > 1 and any(t in visible for t in outs):
+            visible.update(outs)
     produced = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].outputs))
     inputs = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].inputs
                                 if t.producer not in members))
