@@ -41,7 +41,6 @@ from .rprogram_tensors import TensorPlan, plan_tensors
 LOG = logging.getLogger("tvm_rammer")
 
 
-
 @dataclass
 class _Plan:
     """A policy plan together with the tensors and code of its persistent kernel."""

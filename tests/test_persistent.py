@@ -119,3 +119,18 @@ def test_spec_sizes_the_pool_to_the_largest_rtask_and_checks_width():
         PersistentKernelSpec("p", slots, 1, entries, veu_threads=128)
     with pytest.raises(ValueError, match="no operators"):
         PersistentKernelSpec("p", slots, 1, (), veu_threads=128)
+
+
+def test_identical_wait_lists_are_stored_once():
+    p = RProgram(5)
+    for v in range(3):
+        p.append(RTask(0, v), v)
+    for k, v in enumerate((3, 4)):  # both consumers wait on all three producers: one shared list
+        p.wait(RTask(1, k), [RTask(0, u) for u in range(3)])
+        p.append(RTask(1, k), v)
+    table = encode_program(p, _plain({0: 0, 1: 1}))
+    prog = decode(table, 5)
+    waits = [item for items in prog for item in items if item[0] == "wait"]
+    assert waits == [("wait", [(0, 1), (1, 1), (2, 1)])] * 2
+    pairs_stored = (len(table) - 6 - INST_WORDS * sum(len(items) for items in prog)) // 2
+    assert pairs_stored == 3

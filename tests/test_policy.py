@@ -285,3 +285,20 @@ def test_cost_model_roofline_per_veu():
     assert rtask_time_us(0, 3e9, 132, 1, cost) == pytest.approx(1000.0 + 0.5)
     with pytest.raises(ValueError, match="CostModelConfig.barrier_us must be >= 0, got -1"):
         CostModelConfig(barrier_us=-1)
+
+
+def test_a_merged_wave_may_take_the_version_that_keeps_the_plans_vEU_shape():
+    """SelectRKernels(W, P): the standalone-fastest 256-thread version would shrink P's vEUs from 16
+    to 4 per SM (P holds 64-thread rTasks); the slower 64-thread version keeps them, and the merged
+    rProgram is faster with it."""
+    first = [(0, [kernel(2112, 3.0, threads=64)])]
+    narrow, wide = kernel(4224, 1.2, threads=64, name="narrow"), kernel(528, 2.0, threads=256,
+                                                                          name="wide")
+    graph = chain_graph(first, [(1, [narrow, wide])], preds={1: [0]})
+    config = PolicyConfig(max_waits_per_op=None)  # all-to-all waits between the two waves
+    plan = schedule_wave([0], None, graph, H100, config)
+    alone = schedule_wave([1], None, graph, H100, config)
+    assert alone.selected[1] == 1  # standalone, the wide version is the fastest
+    merged = schedule_wave([1], plan, graph, H100, config)
+    assert merged.selected[1] == 0 and merged.reason[1] == "fits"
+    assert merged.veus_per_sm == plan.veus_per_sm == 16

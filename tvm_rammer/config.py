@@ -23,6 +23,8 @@ class RammerConfig:
         that budget and every vEU is resident.
     measure_resources: compile the persistent kernel once with nvcc first and place the rProgram
         for the registers it really uses (slower compiles; needs nvcc).
+    max_waits_per_op: an operator whose barrier-rTasks would wait on more <vEU, rTask> pairs than
+        this starts a new rProgram (bounds compile time; identical wait lists share table space).
     selection / merge: the policy's rKernel selection and rProgram-merge rules (Algorithm 1 =
         "paper"); the others exist for ablations.
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
@@ -46,6 +48,7 @@ class RammerConfig:
     launch_us: float = 4.0
     barrier_us: float = 0.8
     measure_resources: bool = False
+    max_waits_per_op: int | None = 1 << 20
     extra: dict = field(default_factory=dict, compare=False, hash=False)
     profile_db: str | None = None
     tuning_db: str | None = None

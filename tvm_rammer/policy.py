@@ -380,12 +380,42 @@ def _select_and_place(wave, plan, graph, vdevice, config, profile):
         return efficient, eff_reason, _place(plan, wave, efficient, eff_reason, graph, vdevice, config)
     with_fastest = _place(plan, wave, fastest, fast_reason, graph, vdevice, config)
     rtasks = sum(graph.ops[op].kernels[i].num_rtasks for op, i in fastest.items())
-    if efficient == fastest or (with_fastest is not None and rtasks <= with_fastest.num_veus):
-        return fastest, fast_reason, with_fastest
-    with_efficient = _place(plan, wave, efficient, eff_reason, graph, vdevice, config)
-    if plan_time(with_efficient, graph, config, profile) < plan_time(with_fastest, graph, config, profile):
-        return efficient, eff_reason, with_efficient
-    return fastest, fast_reason, with_fastest
+    best = (fastest, fast_reason, with_fastest)
+    if not (efficient == fastest or (with_fastest is not None and rtasks <= with_fastest.num_veus)):
+        with_efficient = _place(plan, wave, efficient, eff_reason, graph, vdevice, config)
+        if plan_time(with_efficient, graph, config, profile) < plan_time(with_fastest, graph, config,
+                                                                        profile):
+            best = (efficient, eff_reason, with_efficient)
+    return _prefer_plan_shape(best, wave, plan, graph, vdevice, config, profile, label)
+
+
+def _prefer_plan_shape(best, wave, plan, graph, vdevice, config, profile, label):
+    """SelectRKernels(W, P) looks at P too: the versions that keep P's vEU shape (no fewer vEUs per
+    SM) may make the merged plan faster than the standalone-fastest ones, which can shrink every vEU
+    of P (a 64-thread rKernel next to 256-thread ones)."""
+    if plan is None:
+        return best
+    kernels = [graph.ops[op].kernels[i] for op, i in plan.selected.items()]
+    shaped = {}
+    for op in wave:
+        keep = [i for i, k in enumerate(graph.ops[op].kernels)
+                if vdevice.fits(kernels + [k], config.registers)
+                and _veu_count(kernels + [k], vdevice, config)[0] == plan.veus_per_sm]
+        if not keep:
+            return best
+        shaped[op] = min(keep, key=lambda i, op=op: (
+            math.ceil(graph.ops[op].kernels[i].num_rtasks / plan.num_veus)
+            * graph.ops[op].kernels[i].time_us, i))
+    if shaped == best[0]:
+        return best
+    reasons = {op: label(op, "fits") for op in wave}
+    with_shaped = _place(plan, wave, shaped, reasons, graph, vdevice, config)
+    if with_shaped is None:
+        return best
+    if best[2] is None or plan_time(with_shaped, graph, config, profile) < plan_time(
+            best[2], graph, config, profile):
+        return shaped, reasons, with_shaped
+    return best
 
 
 def schedule_wave(wave: Sequence[int], plan: PartialPlan | None, graph: OpGraph, vdevice: VDevice,

@@ -49,7 +49,8 @@ def cost_config(config: RammerConfig, vdevice: VDevice) -> CostModelConfig:
 def policy_config(config: RammerConfig, vdevice: VDevice, registers=None) -> PolicyConfig:
     """The policy options of a RammerConfig."""
     return PolicyConfig(cost=cost_config(config, vdevice), selection=config.selection,
-                        merge=config.merge, registers=registers)
+                        merge=config.merge, registers=registers,
+                        max_waits_per_op=config.max_waits_per_op)
 
 
 def _tensor_bytes(param) -> int:
@@ -131,7 +132,7 @@ def replace_plan(plan, graph: OpGraph, registers: int, vdevice: VDevice, config:
     waves = [list(w) for w in plan.waves] or [list(plan.ops)]
     sub = OpGraph(ops=sub_ops, preds=preds, waves=waves, split_before=set())
     cfg = PolicyConfig(cost=cost_config(config, vdevice), selection="fastest", merge="always",
-                       registers=registers)
+                       registers=registers, max_waits_per_op=None)
     (new_plan,) = schedule(sub, vdevice, cfg)
     new_plan.selected = dict(plan.selected)
     new_plan.reason = dict(plan.reason)

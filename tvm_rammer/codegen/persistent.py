@@ -126,7 +126,7 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     if any(program.prog[num_veus:]):
         raise ValueError(f"cannot drop vEUs >= {num_veus}: they have rTasks")
     awaited = program.awaited()
-    insts, waits, offsets_of = [], [], {}
+    insts, waits, offsets_of, wait_at = [], [], {}, {}
     flat_offsets = []
     for op, (_, offsets) in dispatch.items():
         offsets_of[op] = len(flat_offsets)
@@ -135,8 +135,10 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     for veu, queue in enumerate(program.prog[:num_veus]):
         for order, task in enumerate(queue):
             if isinstance(task, BarrierRTask):
-                insts.append((BARRIER_KIND, len(waits), len(task.waits), 0))
-                waits.extend((other, other_order + 1) for other, other_order in task.waits)
+                if task.waits not in wait_at:  # identical wait lists are stored once
+                    wait_at[task.waits] = len(waits)
+                    waits.extend((other, other_order + 1) for other, other_order in task.waits)
+                insts.append((BARRIER_KIND, wait_at[task.waits], len(task.waits), 0))
             elif isinstance(task, RTask):
                 publish = order + 1 if (veu, order) in awaited else 0
                 insts.append((dispatch[task.op][0] + 1, task.rtask_id, publish, offsets_of[task.op]))
