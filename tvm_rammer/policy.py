@@ -395,12 +395,20 @@ def _prefer_plan_shape(best, wave, plan, graph, vdevice, config, profile, label)
     of P (a 64-thread rKernel next to 256-thread ones)."""
     if plan is None:
         return best
-    kernels = [graph.ops[op].kernels[i] for op, i in plan.selected.items()]
+    threads, regs, smem = vdevice.veu_shape(
+        (graph.ops[op].kernels[i] for op, i in plan.selected.items()), config.registers)
+
+    def keeps_shape(k: RKernel) -> bool:
+        k_regs = config.registers or (vdevice.default_registers if k.registers is None else k.registers)
+        try:
+            return vdevice.occupancy(max(threads, k.threads), max(regs, k_regs),
+                                     max(smem, k.shared_bytes)) == plan.veus_per_sm
+        except ValueError:
+            return False
+
     shaped = {}
     for op in wave:
-        keep = [i for i, k in enumerate(graph.ops[op].kernels)
-                if vdevice.fits(kernels + [k], config.registers)
-                and _veu_count(kernels + [k], vdevice, config)[0] == plan.veus_per_sm]
+        keep = [i for i, k in enumerate(graph.ops[op].kernels) if keeps_shape(k)]
         if not keep:
             return best
         shaped[op] = min(keep, key=lambda i, op=op: (
