@@ -238,7 +238,8 @@ def _build_plan(k, plan, graph, op_graph, config, vdevice, probe, target) -> _Pl
                                  instantiate, veus_per_sm=plan.veus_per_sm)
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     func = func.with_attr(REPORT_ATTR, json.dumps(report))
-    first_wave = min(graph.levels()[i] for i in node_ids)
+    levels = graph.levels()  # a copy: take it once
+    first_wave = min(levels[i] for i in node_ids)
     return _Plan(plan, node_ids, first_wave, tensors, spec, table, func)
 
 
