@@ -136,6 +136,12 @@ def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     if not gpu_available():
         print("no CUDA GPU here: compiled and scheduled only (run `tvm-rammer run` on a GPU)")
         return 0
+    try:
+        import onnxruntime  # noqa: F401  (the reference the run is checked against)
+    except ImportError:
+        print("onnxruntime is not installed: `pip install onnxruntime` (or the [test] extra) "
+              "to run and check the model against it")
+        return 0
     result = run_model(model, target, config)
     print(format_result(result))
     return 0 if result["ok"] else 1
