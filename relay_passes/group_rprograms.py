@@ -16,6 +16,7 @@ passes (it emits dataflow bindings).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -78,7 +79,8 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
         db = ProfileDB.load(config.profile_db)
         # measure on the GPU only when asked to keep the results (--profile-db)
         profiler = Profiler(db, target, use_gpu=config.profile_db is not None)
-    cache = {}  # identical operators share one PrimFunc (BlockBuilder dedups): version them once
+    # identical operators share one PrimFunc (BlockBuilder dedups): version and time them once
+    cache, built = {}, {}
     for node in graph.nodes:
         if node.kind == "alias":
             continue
@@ -96,8 +98,10 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
             if not found:
                 skipped[node.index] = f"{name}: no rKernel version can run as rTasks in a vEU"
                 continue
-            ops[node.index] = rkernels.operator_versions(node.index, name, mod[node.gvar], found,
+            if name not in built:
+                built[name] = rkernels.operator_versions(node.index, name, mod[node.gvar], found,
                                                          config, vdevice, profiler)
+            ops[node.index] = dataclasses.replace(built[name], uid=node.index)
             continue
         try:
             if name not in cache:
@@ -109,8 +113,10 @@ def _collect_operators(graph: DataflowGraph, mod: tvm.IRModule, target, config, 
         except UnsupportedKernel as err:
             skipped[node.index] = str(err)
             continue
-        ops[node.index] = rkernels.operator_from_kernel(node.index, name, mod[node.gvar], lowered,
+        if name not in built:
+            built[name] = rkernels.operator_from_kernel(node.index, name, mod[node.gvar], lowered,
                                                         config, vdevice)
+        ops[node.index] = dataclasses.replace(built[name], uid=node.index)
     for index, reason in skipped.items():
         LOG.info("tvm-rammer: %s stays an ordinary kernel: %s", graph.nodes[index].name, reason)
     if config.versions:

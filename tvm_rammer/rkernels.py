@@ -7,6 +7,7 @@ and turns its plans into reports.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -33,8 +34,7 @@ def vdevice_for(target: tvm.target.Target, config: RammerConfig) -> VDevice:
         except Exception:  # no CUDA runtime
             device = None
     if device is not None:
-        fields = {f: getattr(device, f) for f in device.__dataclass_fields__}
-        return VDevice(**{**fields, **overrides})
+        return dataclasses.replace(device, **overrides)
     if config.num_sms is not None:
         overrides["num_sms"] = config.num_sms
     return VDevice.for_arch(arch, **overrides)
@@ -46,11 +46,10 @@ def cost_config(config: RammerConfig, vdevice: VDevice) -> CostModelConfig:
                            launch_us=config.launch_us)
 
 
-def policy_config(config: RammerConfig, vdevice: VDevice, registers=None) -> PolicyConfig:
+def policy_config(config: RammerConfig, vdevice: VDevice) -> PolicyConfig:
     """The policy options of a RammerConfig."""
     return PolicyConfig(cost=cost_config(config, vdevice), selection=config.selection,
-                        merge=config.merge, registers=registers,
-                        max_waits_per_op=config.max_waits_per_op)
+                        merge=config.merge, max_waits_per_op=config.max_waits_per_op)
 
 
 def _tensor_bytes(param) -> int:
@@ -69,13 +68,18 @@ def flops_and_bytes(func: tvm.tirx.PrimFunc) -> tuple:
     return flops, float(nbytes)
 
 
+def analytical_us(flops: float, nbytes: float, lowered, config: RammerConfig,
+                  vdevice: VDevice) -> float:
+    """The analytical per-rTask time of one lowered rKernel of an operator."""
+    veus_per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
+    return rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm, cost_config(config, vdevice))
+
+
 def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfig,
                          vdevice: VDevice) -> ROperator:
     """An rOperator with one rKernel: the dlight schedule, timed by the analytical model."""
     flops, nbytes = flops_and_bytes(func)
-    veus_per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
-    time_us = rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm,
-                            cost_config(config, vdevice))
+    time_us = analytical_us(flops, nbytes, lowered, config, vdevice)
     kernel = RKernel(name=name, num_rtasks=lowered.num_rtasks, threads=lowered.threads,
                      registers=None, shared_bytes=lowered.shared_bytes, time_us=time_us,
                      source="dlight", payload=lowered)
@@ -102,14 +106,8 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     (for its FLOPs and bytes); each version's payload is its LoweredKernel, as for
     :func:`operator_from_kernel`."""
     flops, nbytes = flops_and_bytes(func)
-
-    def analytical(version) -> float:
-        lowered = version.lowered
-        veus_per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
-        return rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm,
-                             cost_config(config, vdevice))
-
-    timings = profiler.timings(versions, vdevice, analytical)
+    estimates = {id(v): analytical_us(flops, nbytes, v.lowered, config, vdevice) for v in versions}
+    timings = profiler.timings(versions, vdevice, lambda v: estimates[id(v)])
     kernels = []
     for version, timing in zip(versions, timings):
         lowered = version.lowered
@@ -118,7 +116,7 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
                                registers=timing.registers, shared_bytes=lowered.shared_bytes,
                                time_us=timing.rtask_us, source=version.source, payload=lowered))
     return VersionedOperator(uid=uid, name=name, kernels=kernels, flops=flops, bytes=nbytes,
-                             timing=list(timings), analytical_us=[analytical(v) for v in versions])
+                             timing=list(timings), analytical_us=[estimates[id(v)] for v in versions])
 # --- end rKernel versions ------------------------------------------------------------------------
 
 
