@@ -6,6 +6,8 @@ from tvm.s_tir import dlight as dl
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
+from tvm_rammer import resources
+
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 MAX_THREADS = 1024
 
@@ -92,5 +94,4 @@ def persistent_wrapper(kernel, veu_threads, instantiate, copies=1):
 
 def cuda_source(func, target=TARGET) -> str:
     """CUDA source of ``func`` after TVM's full default (s_tir) build."""
-    lib = tvm.tirx.build(func, target)
-    return lib.imports[0].inspect_source("cuda")
+    return resources.cuda_source(func, target)

@@ -1,6 +1,5 @@
 """instantiate: one rTask of a lowered kernel inside a persistent vEU, through TVM's full build."""
 import re
-import shutil
 
 import pytest
 import tvm
@@ -13,7 +12,6 @@ from tir_templates.cuda_resources import compile_cuda_resources, parse_ptxas_inf
 from tir_templates.prelower import UnsupportedKernel, prelower
 from tir_templates.rtask_rewrite import NAMED_BARRIER, instantiate
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 KERNELS = sorted(MODELS) + ["grid3d"]
 
 
@@ -136,7 +134,7 @@ def test_parse_ptxas_info_reads_registers_smem_and_spills():
     assert parse_ptxas_info(log) == {"registers": 40, "shared_bytes": 6912, "spills": 8}
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.nvcc
 def test_persistent_wrapper_compiles_to_an_sm90a_cubin(built):
     kernel, _, src = built

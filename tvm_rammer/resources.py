@@ -21,8 +21,10 @@ LOG = logging.getLogger("tvm_rammer")
 
 
 def cuda_source(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
-    """The CUDA source TVM generates for one PrimFunc."""
-    module = tvm.tirx.build(tvm.IRModule({func.attrs["global_symbol"]: func}), target)
+    """The CUDA source TVM's full build generates for one PrimFunc (named by its global_symbol,
+    "main" without one)."""
+    name = str((func.attrs or {}).get("global_symbol", "main"))
+    module = tvm.tirx.build(tvm.IRModule({name: func}), target)
     return str(module.imports[0].inspect_source())
 
 
