@@ -11,16 +11,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def _gpu_available() -> bool:
-    try:
-        import tvm
+from tvm_rammer.gpu import gpu_available  # noqa: E402  (after the path set-up above)
 
-        return bool(tvm.cuda(0).exist)
-    except Exception:
-        return False
-
-
-GPU = _gpu_available()
+GPU = gpu_available()
 NVCC = shutil.which("nvcc") is not None
 
 

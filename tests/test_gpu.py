@@ -12,7 +12,8 @@ from tvm import relax
 
 import tvm_rammer
 from tvm_rammer.models import get_model
-from tvm_rammer.runner import onnx_reference, random_inputs, relative_error
+from tvm_rammer.numerics import relative_error
+from tvm_rammer.runner import onnx_reference, random_inputs
 
 from onnx_builders import diamond, parallel_branches, random_dag, two_branch
 

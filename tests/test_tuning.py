@@ -9,7 +9,8 @@ from conftest import GPU
 from conftest_tir import TARGET
 from test_versions import CASES, stashed_and_scheduled
 from tvm_rammer.cli import main
-from tvm_rammer.tuning.tune import NO_DEVICE, RPCTracker, open_database
+from tvm_rammer.tuning.tune import NO_DEVICE, RPCTracker
+from tvm_rammer.tuning.versions import open_database
 from tvm_rammer.tuning.versions import VersionOptions, _MatmulWith, kernel_versions, unscheduled_funcs
 
 CONFIGS = [dict(block_size_x=8, block_size_y=8, micro_size_x=4, micro_size_y=4),

@@ -5,10 +5,13 @@ from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
 from conftest_tir import MODELS, TARGET, single_op_module
+from fake_device import FakeDevice
 from tir_templates.templates import operator_kind, template_schedules
 from tvm_rammer import rkernels
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.policy import OpGraph, schedule
+from tvm_rammer.tuning.measure import KernelJob
+from tvm_rammer.tuning.profile_db import JsonProfileDB
 from tvm_rammer.tuning.profiler import Profiler
 from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, kernel_versions,
                                         unscheduled_funcs)
@@ -85,24 +88,41 @@ def test_templates_decline_operators_they_do_not_handle():
     assert template_schedules(unscheduled_funcs(mod)[gv.name_hint]) == []
 
 
+def _measured(found):
+    """A profiler whose fake device measured every version (10 us each, valid)."""
+    profiler = Profiler(JsonProfileDB(), FakeDevice(kernel_us=lambda job: 10.0), "sm_90a")
+    profiler.prepare([KernelJob(v.key, f"op:{v.name}", v.func, v.func, "ref", 1) for v in found])
+    return profiler
+
+
 def test_versions_feed_select_rkernels(versions):
-    """An operator made of versions has a fastest and a most efficient rKernel, and a wave of 16 such
-    operators is scheduled with one of them each, the timing source recorded in the report."""
+    """Measured versions make an operator with a fastest and a most efficient rKernel, and a wave of
+    16 such operators is scheduled with one of them each, the timing source recorded."""
     _, mod, gv, found = versions
     config = RammerConfig()
     vdevice = VDevice.for_arch("sm_90")
-    profiler = Profiler(None, TARGET, use_gpu=False)
+    profiler = _measured(found)
     ops = {uid: rkernels.operator_versions(uid, gv.name_hint, mod[gv], found, config, vdevice, profiler)
            for uid in range(16)}
     op = ops[0]
     assert len(op.kernels) == len(found)
-    assert [t.source for t in op.timing] == ["analytical"] * len(found)
+    assert [t.source for t in op.timing] == ["profiled"] * len(found)
     assert op.most_efficient in op.kernels and op.fastest(132) in op.kernels
     graph = OpGraph(ops=ops, preds={}, waves=[list(ops)])
     plans = schedule(graph, vdevice, rkernels.policy_config(config, vdevice))
     assert sum(len(p.ops) for p in plans) == 16
-    assert all(p.reason[o] in ("fastest", "efficient") for p in plans for o in p.ops)
-    assert profiler.summary()["analytical"] == 16 * len(found)
+    assert all(p.reason[o] in ("fastest", "efficient", "fits") for p in plans for o in p.ops)
+    assert profiler.summary()["profiled"] == 16 * len(found)
+
+
+def test_unmeasured_versions_leave_only_the_pipelines_dlight_schedule(versions):
+    _, mod, gv, found = versions
+    vdevice = VDevice.for_arch("sm_90")
+    nothing = Profiler(JsonProfileDB(), None, "sm_90a")
+    op = rkernels.operator_versions(0, gv.name_hint, mod[gv], found, RammerConfig(), vdevice, nothing)
+    assert [k.source for k in op.kernels] == ["dlight"] and op.kernels[0].name.split(":")[1].startswith(
+        "dlight#")
+    assert [t.source for t in op.timing] == ["analytical"]
 
 
 def test_a_small_mean_gets_a_version_without_partial_warp_shuffles():

@@ -31,9 +31,14 @@ def _like(expr, offset):
 
 
 def _shift(index, offset):
-    """``index + offset`` for a scalar or Ramp index."""
+    """``index + offset`` for a scalar, Ramp or other vector index."""
     if isinstance(index, tirx.Ramp):
         return tirx.Ramp(index.base + _like(index.base, offset), index.stride, index.lanes)
+    dtype = tvm.DataType(str(index.ty.dtype))
+    if dtype.lanes > 1:  # e.g. a gathered vector of indices: add the offset to every lane
+        scalar = str(dtype.with_lanes(1))
+        lane = offset if str(offset.ty.dtype) == scalar else tirx.Cast(scalar, offset)
+        return index + tirx.Broadcast(lane, dtype.lanes)
     return index + _like(index, offset)
 
 

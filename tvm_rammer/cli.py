@@ -18,8 +18,8 @@ DEFAULT_TARGET = "rammer/nvidia-h100"
 def _config(args) -> RammerConfig:
     return RammerConfig(max_rtask_threads=args.max_rtask_threads, veus_per_sm=args.veus_per_sm,
                         num_sms=args.num_sms, selection=args.selection, merge=args.merge,
-                        profile_db=args.profile_db, tuning_db=args.tuning_db,
-                        versions=not args.no_versions)
+                        profile=not args.no_profile, profile_db=args.profile_db,
+                        tuning_db=args.tuning_db, versions=not args.no_versions)
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -33,7 +33,12 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--selection", default="paper", choices=["paper", "fastest", "efficient"])
     p.add_argument("--merge", default="paper", choices=["paper", "always", "never"])
     p.add_argument("--profile-db", default=None, metavar="PATH",
-                   help="profile database (JSON) to read and extend; measures only with a GPU")
+                   help="profile database to read and, on a GPU of the target's arch, extend "
+                        "(*.json: JSON, else sqlite3); default: the per-user cache under "
+                        "$XDG_CACHE_HOME/tvm-rammer/")
+    p.add_argument("--no-profile", action="store_true",
+                   help="measure nothing and read no cache: every operator keeps TVM's dlight "
+                        "schedule, timed by the analytical model")
     p.add_argument("--tuning-db", default=None, metavar="DIR",
                    help="MetaSchedule database directory: its schedules become rKernel versions")
     p.add_argument("--no-versions", action="store_true",

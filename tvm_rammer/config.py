@@ -31,8 +31,17 @@ class RammerConfig:
     spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
-    profile_db: JSON profile database (``tvm_rammer.tuning.profile_db``): rKernel times are read from
-        it, and with a GPU the missing ones are measured and saved to it. None: analytical times.
+    profile: measure on the local GPU when it has the target's arch (compile-time profiling, paper
+        3.2): every rKernel version is checked against TVM's default kernel for its operator and
+        timed, candidate rPrograms are timed whole, and an rProgram not faster than its operators
+        as TVM's default kernels is dropped for them. Without a GPU (cross-compiling, CI) records
+        are read from the profile database (or, where it has none for the arch, a database shipped
+        with tvm-rammer). Versions other than TVM's dlight schedule are chosen only on measured
+        times. False: nothing is measured, and no database is read unless ``profile_db`` is given.
+    profile_db: the profile database (``tvm_rammer.tuning.profile_db``; ``*.json`` a JSON file,
+        anything else sqlite3). None: the per-user cache ``$XDG_CACHE_HOME/tvm-rammer/``.
+    rprogram_profiles: at most this many candidate rPrograms (P1, P2 of Algorithm 1) are built and
+        timed whole per compilation (each is a full nvcc build); the final rPrograms always are.
     tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
     versions: give each operator several rKernel versions (dlight variants, templates, tuning
         database) for SelectRKernels; False: the pipeline's dlight schedule only.
@@ -50,7 +59,9 @@ class RammerConfig:
     measure_resources: bool = False
     max_waits_per_op: int | None = 1 << 20
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    profile: bool = True
     profile_db: str | None = None
+    rprogram_profiles: int = 32
     tuning_db: str | None = None
     versions: bool = True
 
@@ -66,5 +77,7 @@ class RammerConfig:
             raise ValueError(f"selection={self.selection!r}: choose one of {SELECTIONS}")
         if self.merge not in MERGES:
             raise ValueError(f"merge={self.merge!r}: choose one of {MERGES}")
+        if self.rprogram_profiles < 0:
+            raise ValueError(f"rprogram_profiles={self.rprogram_profiles} must be >= 0")
         if self.spin_limit <= 0:
             raise ValueError(f"spin_limit={self.spin_limit} must be positive")

@@ -45,14 +45,17 @@ def import_onnx(model) -> tvm.IRModule:
         ) from None
 
 
-def lower(mod: tvm.IRModule, target, config: RammerConfig | None = None) -> tvm.IRModule:
-    """Run the rammer Relax pipeline only (no CUDA compilation): for inspection and counting."""
+def lower(mod: tvm.IRModule, target, config: RammerConfig | None = None,
+          profiler=None) -> tvm.IRModule:
+    """Run the rammer Relax pipeline only (no CUDA compilation): for inspection and counting.
+    ``profiler``: where kernel times come from (default: ``backend.make_profiler``)."""
     target = resolve_target(target)
     with target:
-        return rammer_pipeline(target, config)(mod)
+        return rammer_pipeline(target, config, profiler)(mod)
 
 
-def compile(model, target="rammer/nvidia-h100", config: RammerConfig | None = None):  # noqa: A001
+def compile(model, target="rammer/nvidia-h100", config: RammerConfig | None = None,  # noqa: A001
+            profiler=None):
     """Compile an ONNX model (ModelProto, path or bytes) or a Relax IRModule with the rammer pipeline.
 
     Returns the ``tvm.relax.VMExecutable`` that ``tvm.compile`` returns; run it with
@@ -60,4 +63,4 @@ def compile(model, target="rammer/nvidia-h100", config: RammerConfig | None = No
     """
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
     target = resolve_target(target)
-    return tvm.compile(mod, target=target, relax_pipeline=rammer_pipeline(target, config))
+    return tvm.compile(mod, target=target, relax_pipeline=rammer_pipeline(target, config, profiler))

@@ -8,27 +8,19 @@ from tvm import relax
 from .config import RammerConfig
 from .frontend import import_onnx, lower
 from .report import summarize
-from .target import RAMMER_KEY, resolve_target
-
-
-def plain_cuda_target(target) -> tvm.target.Target:
-    """The same target without the rammer key: TVM's default pipeline applies to it."""
-    spec = dict(resolve_target(target).export())
-    spec.pop("tag", None)
-    spec["keys"] = [k for k in spec["keys"] if k != RAMMER_KEY]
-    return tvm.target.Target(spec)
+from .target import plain_target
 
 
 def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
     """TVM's default CUDA Relax pipeline (the baseline "RammerBase"), Relax part only."""
-    plain = plain_cuda_target(target)
+    plain = plain_target(target)
     with plain:
         return relax.get_default_pipeline(plain)(mod)
 
 
-def inspect_model(model, target, config: RammerConfig | None = None) -> dict:
+def inspect_model(model, target, config: RammerConfig | None = None, profiler=None) -> dict:
     """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
-    rammer_mod = lower(mod, target, config)
+    rammer_mod = lower(mod, target, config, profiler)
     default_mod = lower_default(mod, target)
     return summarize(rammer_mod, default_mod)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.s_tir import dlight as dl
 
 from relay_passes.branch_fusion import BranchPreservingFusion
-from relay_passes.group_rprograms import RammerGroupRPrograms
 from relay_passes.split_to_slices import SplitToSlices
+from tir_templates.default_schedule import default_schedule_pass
 
+from .backend import RammerBackend
 from .config import RammerConfig
 from .target import is_rammer_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled
@@ -34,13 +34,12 @@ from .tuning.versions import StashUnscheduled
 PIPELINE_NAME = "rammer"
 
 
-def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
-    """The rammer Relax pipeline as a flat list of passes."""
+def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None) -> list:
+    """The rammer Relax pipeline as a flat list of passes. ``profiler``: where rKernel and rProgram
+    times come from (``tuning.profiler.Profiler``); None = ``backend.make_profiler``'s default."""
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
     fusion = [BranchPreservingFusion()] if config.fusion else []
-    schedule = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
         SplitToSlices(),                               # one kernel per part: parts become rTasks
@@ -50,8 +49,8 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
         *fusion,                                       # never joins two independent branches
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
         StashUnscheduled(),                            # rKernel versions re-schedule these
-        _with_target(rkernel_target(target, config), schedule),  # rKernels = dlight thread blocks
-        _with_target(target, RammerGroupRPrograms(config)),      # waves -> rPrograms -> 1 kernel each
+        _with_target(rkernel_target(target, config), default_schedule_pass()),  # rKernels = dlight blocks
+        _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
     ]
@@ -65,7 +64,8 @@ def _with_target(target, pass_):
     return _run
 
 
-def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfig | None = None):
+def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfig | None = None,
+                    profiler=None):
     """The rammer pipeline as one module pass; the target defaults to the one in scope."""
     config = _config_from(config, {})
 
@@ -77,7 +77,7 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
                 f"the rammer pipeline needs a CUDA target, got {tgt}; call "
                 "tvm.compile(mod, target='rammer/nvidia-h100') or pass a CUDA target")
         with tgt:
-            return tvm.transform.Sequential(rammer_passes(tgt, config))(mod)
+            return tvm.transform.Sequential(rammer_passes(tgt, config, profiler))(mod)
 
     return _pipeline
 

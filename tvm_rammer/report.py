@@ -11,6 +11,7 @@ from .launches import count_launches
 
 REPORT_ATTR = "rammer.report"
 UNPLACED_ATTR = "rammer.unplaced"
+FALLBACK_ATTR = "rammer.fallbacks"
 
 
 def rprogram_reports(mod: tvm.IRModule) -> list:
@@ -30,6 +31,13 @@ def unplaced_operators(mod: tvm.IRModule) -> list:
     return json.loads(str(attrs[UNPLACED_ATTR])) if UNPLACED_ATTR in attrs else []
 
 
+def fallbacks(mod: tvm.IRModule) -> list:
+    """rPrograms the back end dropped because TVM's default kernels measured at least as fast,
+    each with both times."""
+    attrs = mod.attrs or {}
+    return json.loads(str(attrs[FALLBACK_ATTR])) if FALLBACK_ATTR in attrs else []
+
+
 def summarize(rammer_mod: tvm.IRModule, default_mod: tvm.IRModule | None = None) -> dict:
     """``rprograms``, ``rtasks`` (one count per rProgram), ``veus``, ``launches`` and, given the
     default pipeline's lowering of the same model, ``default_launches``."""
@@ -43,6 +51,7 @@ def summarize(rammer_mod: tvm.IRModule, default_mod: tvm.IRModule | None = None)
         "barriers": [r["barriers"] for r in reports],
         "launches": count_launches(rammer_mod),
         "unplaced": unplaced_operators(rammer_mod),
+        "fallbacks": fallbacks(rammer_mod),
         "programs": reports,
     }
     if default_mod is not None:
@@ -57,12 +66,22 @@ def format_schedule(summary: dict) -> str:
                                          if "default_launches" in summary else "")]
     for op in summary.get("unplaced", []):
         lines.append(f"  ordinary kernel: {op['name']}: {op['reason']}")
+    for fb in summary.get("fallbacks", []):
+        lines.append(f"  TVM default kept for {fb['kernel']} ({len(fb['operators'])} operators): "
+                     f"rProgram {fb['rammer_us']:.1f} us vs TVM default {fb['default_us']:.1f} us")
     for report in summary["programs"]:
         lines.append(f"  {report['kernel']}: {report['rtasks']} rTasks of {len(report['operators'])} "
                      f"operators on {report['num_veus']} vEUs ({report['veus_per_sm']}/SM x "
                      f"{report['veu_threads']} threads), {report['barriers']} barrier-rTasks, "
                      f"predicted {report['predicted_us']:.1f} us")
+        if report.get("measured_us") is not None:
+            lines.append(f"      measured {report['measured_us']:.1f} us" + (
+                f" (TVM default kernels: {report['default_us']:.1f} us)"
+                if report.get("default_us") is not None else ""))
         for op in report["operators"]:
             lines.append(f"      {op['name']:<40} {op['rtasks']:>5} rTasks x {op['threads']:>4} thr"
-                         f"  ({op['version']}: {op['reason']})")
+                         f"  ({op['version']}: {op['reason']}, "
+                         f"{op.get('time_source', 'analytical')} time)")
+            for bad in op.get("dropped", []):
+                lines.append(f"          dropped {bad['version']}: {bad['reason']}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ and turns its plans into reports.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -19,22 +20,21 @@ from .policy import OpGraph, PolicyConfig, schedule
 from .rtask import RKernel, ROperator
 from .vdevice import VDevice
 
+LOG = logging.getLogger("tvm_rammer")
+
 
 def vdevice_for(target: tvm.target.Target, config: RammerConfig) -> VDevice:
-    """The vDevice: the local GPU when one is visible, else the target arch's preset."""
+    """The vDevice: the local GPU when one of the target's arch is visible, else the arch's preset."""
+    from .gpu import local_gpu
+    from .target import same_arch, target_arch
+
     overrides = {}
     if config.veus_per_sm is not None:
         overrides["max_blocks_per_sm"] = config.veus_per_sm
-    arch = str(target.attrs.get("arch", "sm_90"))
-    device = None
-    if config.num_sms is None:
-        try:
-            dev = tvm.cuda(0)
-            device = VDevice.from_tvm_device(dev) if dev.exist else None
-        except Exception:  # no CUDA runtime
-            device = None
-    if device is not None:
-        return dataclasses.replace(device, **overrides)
+    arch = target_arch(target)
+    gpu = local_gpu() if config.num_sms is None else None
+    if gpu is not None and same_arch(gpu.id.arch, arch):
+        return dataclasses.replace(VDevice.from_tvm_device(gpu.dev), **overrides)
     if config.num_sms is not None:
         overrides["num_sms"] = config.num_sms
     return VDevice.for_arch(arch, **overrides)
@@ -91,32 +91,83 @@ def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfi
 class VersionedOperator(ROperator):
     """An rOperator with several rKernel versions and, per version, where its time comes from.
 
-    ``timing[i]`` is ``kernels[i]``'s ``tuning.profiler.Timing`` ("profiled", "database" or
-    "analytical"); ``analytical_us[i]`` the analytical model's per-rTask time for comparison.
+    ``timing[i]`` is ``kernels[i]``'s ``tuning.profiler.Timing`` ("profiled", "database", "shipped"
+    or "analytical"); ``analytical_us[i]`` the analytical model's per-rTask time for comparison;
+    ``dropped`` the versions measured wrong (name and why); ``reference_key`` the profile key of TVM's
+    default kernel for this operator (its measured time is the baseline the rProgram must beat).
     """
 
     timing: list = field(default_factory=list)
     analytical_us: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+    reference_key: str | None = None
+
+
+PIPELINE_VERSION = "dlight"  # the rammer pipeline's own dlight schedule (tuning.versions)
+
+
+def _trusted(record) -> bool:
+    return record is not None and record.get("valid") is True and record.get("kernel_us") is not None
 
 
 def operator_versions(uid: int, name: str, func, versions, config: RammerConfig, vdevice: VDevice,
-                      profiler) -> ROperator:
-    """An rOperator with one rKernel per version (``tuning.versions.KernelVersion``), timed by the
-    profiler (database, GPU, or the analytical model). ``func`` is the operator's scheduled PrimFunc
-    (for its FLOPs and bytes); each version's payload is its LoweredKernel, as for
-    :func:`operator_from_kernel`."""
+                      profiler, reference_key: str | None = None) -> VersionedOperator:
+    """An rOperator whose rKernels are the versions the policy may choose among.
+
+    The rule (a choice that affects speed is made on measurements): when the pipeline's dlight
+    version has a measured, valid record, every version with a measured, valid record is a
+    candidate, timed by its record; versions measured wrong are dropped (``dropped``). Otherwise the
+    pipeline's dlight version is the only rKernel, timed by the analytical model: templates, other
+    tiles and tuning records are never chosen on a guess. Raises ``UnsupportedKernel`` when no
+    version can run as rTasks, or when the dlight version itself was measured wrong.
+    ``func`` is the operator's scheduled PrimFunc (for its FLOPs and bytes); each version's
+    payload is its LoweredKernel, as for :func:`operator_from_kernel`."""
+    from tir_templates.prelower import UnsupportedKernel
+
+    from .tuning.profiler import Timing, rtask_time
+
+    if not versions:
+        raise UnsupportedKernel(f"{name}: no rKernel version can run as rTasks in a vEU")
+    base = next((i for i, v in enumerate(versions) if v.name == PIPELINE_VERSION), 0)
+    records = [(None, None)] * len(versions)
+    if profiler is not None:
+        records = [profiler.kernel(v.key) for v in versions]
+    base_record = records[base][0]
+    if base_record is not None and base_record.get("valid") is False:
+        raise UnsupportedKernel(f"{name}: its dlight rKernel differs from TVM's default kernel on "
+                                f"the device ({base_record.get('reason', 'wrong output')})")
+    dropped = [{"version": v.name, "source": v.source, "reason": rec.get("reason", "wrong output")}
+               for v, (rec, _) in zip(versions, records)
+               if rec is not None and rec.get("valid") is False]
+    if _trusted(base_record):
+        keep = [i for i, (rec, _) in enumerate(records) if _trusted(rec)]
+    else:
+        keep = [base]
+    for v in dropped:
+        LOG.info("tvm-rammer: %s version %s dropped: %s", name, v["version"], v["reason"])
     flops, nbytes = flops_and_bytes(func)
-    estimates = {id(v): analytical_us(flops, nbytes, v.lowered, config, vdevice) for v in versions}
-    timings = profiler.timings(versions, vdevice, lambda v: estimates[id(v)])
-    kernels = []
-    for version, timing in zip(versions, timings):
+    kernels, timings, estimates = [], [], []
+    for i in keep:
+        version, (record, source) = versions[i], records[i]
         lowered = version.lowered
+        estimate = analytical_us(flops, nbytes, lowered, config, vdevice)
+        if _trusted(record):
+            registers = record.get("registers")
+            shared = max(lowered.shared_bytes, int(record.get("shared_bytes") or 0))
+            timing = Timing(rtask_time(record["kernel_us"], lowered.num_rtasks, lowered.threads,
+                                       registers, shared, vdevice), source, registers,
+                            record["kernel_us"])
+        else:
+            timing = Timing(estimate, "analytical")
         kernels.append(RKernel(name=f"{name}:{version.name}#{version.key[:8]}",
                                num_rtasks=lowered.num_rtasks, threads=lowered.threads,
                                registers=timing.registers, shared_bytes=lowered.shared_bytes,
                                time_us=timing.rtask_us, source=version.source, payload=lowered))
+        timings.append(timing)
+        estimates.append(estimate)
     return VersionedOperator(uid=uid, name=name, kernels=kernels, flops=flops, bytes=nbytes,
-                             timing=list(timings), analytical_us=[estimates[id(v)] for v in versions])
+                             timing=timings, analytical_us=estimates, dropped=dropped,
+                             reference_key=reference_key)
 # --- end rKernel versions ------------------------------------------------------------------------
 
 
@@ -153,7 +204,7 @@ def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
             entry.update(kernel=kernel.name, versions=len(ops[op].kernels), time_source=chosen.source,
                          predicted_us_per_rtask=round(ops[op].analytical_us[plan.selected[op]], 3),
                          profiled_kernel_us=None if chosen.kernel_us is None
-                         else round(chosen.kernel_us, 3))
+                         else round(chosen.kernel_us, 3), dropped=list(ops[op].dropped))
         operators.append(entry)
     return {"kernel": spec.name, "rtasks": int(program.num_rtasks), "num_veus": num_veus,
             "veus_per_sm": plan.veus_per_sm, "veu_threads": spec.veu_threads,

@@ -9,19 +9,12 @@ from tvm import relax
 
 from .config import RammerConfig
 from .frontend import import_onnx, load_onnx
-from .inspection import plain_cuda_target
+from .gpu import gpu_available
+from .numerics import relative_error
 from .pipeline import rammer_pipeline
-from .target import resolve_target
+from .target import plain_target, resolve_target
 
 ORT_MAX_IR_VERSION = 10  # onnxruntime 1.2x on the CPU machines; the GPU machine takes <= 13
-
-
-def gpu_available() -> bool:
-    """Whether a CUDA device is visible to TVM."""
-    try:
-        return bool(tvm.cuda(0).exist)
-    except Exception:  # no CUDA runtime at all
-        return False
 
 
 def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
@@ -49,16 +42,6 @@ def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, inputs)
-
-
-def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """||out - ref|| / ||ref|| in float64 (NaN never passes)."""
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    if out.shape != ref.shape:
-        return float("inf")
-    if not np.all(np.isfinite(out)):
-        return float("inf")
-    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def _flatten(result) -> list:
@@ -103,7 +86,7 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
     dev = tvm.cuda(0)
     rammer = resolve_target(target)
     results = {"device": str(dev.device_name), "model": getattr(proto.graph, "name", "")}
-    for label, tgt in (("rammer", rammer), ("default", plain_cuda_target(rammer))):
+    for label, tgt in (("rammer", rammer), ("default", plain_target(rammer))):
         pipe = rammer_pipeline(rammer, config) if label == "rammer" else "default"
         ex = tvm.compile(mod, target=tgt, relax_pipeline=pipe)
         outs, median = execute(ex, inputs, dev, runs)

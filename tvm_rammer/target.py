@@ -67,12 +67,41 @@ def register_tags() -> None:
         tvm.target.register_tag(name, config)
 
 
-def rkernel_target(target: tvm.target.Target, config) -> tvm.target.Target:
-    """The target dlight schedules under: threads per block capped at ``max_rtask_threads``."""
+def target_arch(target: tvm.target.Target) -> str:
+    """The CUDA architecture a target compiles for, as nvcc spells it ("sm_90a", "sm_80").
+
+    The one place that reads it: a CUDA target without an ``arch`` attribute is refused, since TVM
+    would otherwise fall back to sm_50 (older than anything tvm-rammer supports)."""
+    arch = target.attrs.get("arch", None)
+    if not arch:
+        raise ValueError(f"target {target} names no CUDA arch; add one, e.g. "
+                         "{'kind': 'cuda', 'arch': 'sm_90a'}, or use a tag like 'rammer/nvidia-h100'")
+    return str(arch)
+
+
+def same_arch(a: str, b: str) -> bool:
+    """Whether two arch names are the same compute capability ("sm_90a" and "sm_90" are)."""
+    return a.rstrip("af") == b.rstrip("af")
+
+
+def plain_target(target) -> tvm.target.Target:
+    """The same target without the rammer key: TVM's default pipeline applies to it."""
+    spec = dict(resolve_target(target).export())
+    spec.pop("tag", None)
+    spec["keys"] = [k for k in spec["keys"] if k != RAMMER_KEY]
+    return tvm.target.Target(spec)
+
+
+def capped_target(target: tvm.target.Target, threads: int) -> tvm.target.Target:
+    """``target`` with at most ``threads`` threads per block (what dlight may use)."""
     spec = dict(target.export())
     spec.pop("tag", None)
     spec["keys"] = list(spec.get("keys", ()))
-    spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), config.max_rtask_threads)
-    spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)),
-                                        config.max_rtask_threads)
+    spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), threads)
+    spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)), threads)
     return tvm.target.Target(spec)
+
+
+def rkernel_target(target: tvm.target.Target, config) -> tvm.target.Target:
+    """The target dlight schedules under: threads per block capped at ``max_rtask_threads``."""
+    return capped_target(target, config.max_rtask_threads)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from tvm_rammer.models import REDUCED
 
+from .output import add_derived
+
 SCHEMA = "tvm-rammer-bench/1"
 TABLE1_MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq2seq")
 NO_GPU = "timing needs a GPU: none visible"
@@ -143,7 +145,8 @@ def bench_model(job: dict, emit) -> None:
     from ..config import RammerConfig
     from ..frontend import import_onnx
     from ..models import get_model
-    from ..runner import onnx_reference, random_inputs, relative_error
+    from ..numerics import relative_error
+    from ..runner import onnx_reference, random_inputs
     from . import floor as floor_mod
     from . import systems as sysmod
 
@@ -244,7 +247,7 @@ def _time_checked(run, check) -> dict:
 
 def measure_device(target: str) -> dict:
     """Worker job: the device description and the peaks (measured on a GPU, nominal otherwise)."""
-    from ..runner import gpu_available
+    from ..gpu import gpu_available
     from . import floor as floor_mod
 
     gpu = gpu_available()
@@ -342,7 +345,7 @@ def _run_guarded(worker_box: list, job: dict, timeout_s: float, on_event) -> str
 
 def run_bench(options: BenchOptions, progress=None) -> dict:
     """Run every model of ``options`` on every selected system; the results document."""
-    from ..runner import gpu_available
+    from ..gpu import gpu_available
     from . import floor as floor_mod
     from .progress import Progress
 
@@ -384,7 +387,6 @@ def run_bench(options: BenchOptions, progress=None) -> dict:
         for worker in worker_box:
             worker.close()
         progress.close()
-    from .output import add_derived
 
     add_derived(doc)
     return doc
@@ -461,20 +463,6 @@ def handle_job(job: dict, emit) -> None:
         emit({"event": "done", "error": _short(err)})
 
 
-def to_json(obj, indent=1) -> str:
-    """The results document as JSON (infinite errors become the string "inf")."""
-    def fix(x):
-        if isinstance(x, float) and x != x:
-            return "nan"
-        if isinstance(x, float) and x in (float("inf"), float("-inf")):
-            return "inf" if x > 0 else "-inf"
-        if isinstance(x, dict):
-            return {k: fix(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [fix(v) for v in x]
-        return x
-
-    return json.dumps(fix(obj), indent=indent)
 
 
 __all__ = ["BenchOptions", "run_bench", "bench_model", "TABLE1_MODELS", "REDUCED", "NO_GPU",

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -124,9 +125,24 @@ def result_stem(doc: dict) -> str:
     return f"{doc['date']}-{name}-batch{doc['batch']}"
 
 
+def to_json(obj, indent=1) -> str:
+    """The results document as JSON (infinite errors become the string "inf")."""
+    def fix(x):
+        if isinstance(x, float) and x != x:
+            return "nan"
+        if isinstance(x, float) and x in (float("inf"), float("-inf")):
+            return "inf" if x > 0 else "-inf"
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [fix(v) for v in x]
+        return x
+
+    return json.dumps(fix(obj), indent=indent)
+
+
 def write_json(doc: dict, out_dir) -> Path:
     """Write the results document; returns the path."""
-    from .harness import to_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from tvm import relax
 
 from ..config import RammerConfig
 from ..frontend import lower as lower_rammer
-from ..inspection import plain_cuda_target
+from ..target import plain_target
 from ..launches import count_cuda_graph_launches, count_launches
 from ..target import resolve_target
 
@@ -60,14 +60,14 @@ class TVMSystem:
 
     @property
     def build_target(self) -> tvm.target.Target:
-        return self.target if self.name == TVM_RAMMER else plain_cuda_target(self.target)
+        return self.target if self.name == TVM_RAMMER else plain_target(self.target)
 
     def lower(self, mod: tvm.IRModule) -> tvm.IRModule:
         """The Relax pipeline only (what ``tvm.compile`` runs before code generation)."""
         with tvm.transform.PassContext(config=self.pass_config):
             if self.name == TVM_RAMMER:
                 return lower_rammer(mod, self.target, self.config)
-            plain = plain_cuda_target(self.target)
+            plain = plain_target(self.target)
             with plain:
                 return relax.get_default_pipeline(plain)(mod)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .harness import EVENT_PREFIX, handle_job, to_json
+from .harness import EVENT_PREFIX, handle_job
+from .output import to_json
 
 
 def _emit(event: dict) -> None:

@@ -1,104 +1,251 @@
-"""The profile database: measured rKernel and rProgram times, kept between compilations.
+"""Profile databases: measured rKernel and rProgram times, kept between compilations.
 
-Rammer's profiler (OSDI'20, 3.2) gives the policy 1) each rTask's time on a vEU, 2) its resource
-usage and 3) an rProgram's time. Measuring needs the GPU; the database keeps the results so that a
-second compilation of the same model measures nothing, and a machine without a GPU can reuse them.
+Rammer's profiler (OSDI'20, 3.2) gives the policy 1) each rTask's time on a vEU, 2) its resource use
+and 3) an rProgram's time. Measuring needs the GPU; a database keeps the results, so a second
+compilation of the same model measures nothing and a machine without a GPU can reuse them.
 
-One JSON file::
+Records are keyed by ``(kind, key, device)``: ``kind`` is "kernel" (one rKernel version: its
+structural hash, ``tuning.versions.func_key``), "rprogram" (a placed rProgram) or "default" (the
+same operators as TVM's default kernels); ``device`` is ``gpu.DeviceId.key`` (name, arch, driver).
+A record is a JSON object; a kernel record holds ``kernel_us``, ``registers``, ``shared_bytes``,
+``valid`` (its outputs matched TVM's default kernel for the operator) and ``error``.
 
-    {"format": "tvm-rammer-profile-db/1",
-     "devices": {DEVICE: {"arch": "sm_90",
-                          "kernels": {KEY: {"kernel_us": .., "rtask_us": .., "registers": ..,
-                                            "shared_bytes": .., "num_rtasks": .., "threads": ..}},
-                          "rprograms": {KEY: {"time_us": ..}}}}}
+Two stores with the same methods, chosen by :func:`open_profile_db` from the path:
 
-``DEVICE`` is the CUDA device name (``tvm.cuda(0).device_name``), ``KEY`` of a kernel its structural
-hash (``tuning.versions.func_key``), of an rProgram the hash given by the caller.
+- :class:`SqliteProfileDB` (any path not ending in ``.json``; the per-user cache
+  ``$XDG_CACHE_HOME/tvm-rammer/profiles.sqlite``): sqlite3 in WAL mode, every write one
+  transaction, so concurrent compiles (bench workers, parallel builds, two users' jobs) lose nothing
+  and never leave it half-written;
+- :class:`JsonProfileDB` (``*.json``; the databases shipped in ``tvm_rammer/profiles/`` and
+  ``--profile-db x.json``): one readable file; :meth:`flush` re-reads it and merges under an
+  exclusive file lock, then replaces it atomically, so concurrent writers lose nothing either.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from typing import Callable
+import sqlite3
+from pathlib import Path
 
-__all__ = ["ProfileDB", "FORMAT"]
+from ..gpu import DeviceId
 
-FORMAT = "tvm-rammer-profile-db/1"
+__all__ = ["FORMAT", "KINDS", "JsonProfileDB", "SqliteProfileDB", "open_profile_db",
+           "default_cache_path", "shipped_profile_dbs", "SHIPPED_DIR"]
+
+FORMAT = "tvm-rammer-profile-db/2"
+KINDS = ("kernel", "rprogram", "default")
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
 
-class ProfileDB:
-    """In-memory profile database backed by one JSON file (``path``; None = memory only)."""
+def default_cache_path() -> str:
+    """The per-user profile cache: ``$XDG_CACHE_HOME/tvm-rammer/profiles.sqlite`` (XDG's default
+    ``~/.cache`` when the variable is unset). The one place tvm-rammer's library reads the
+    environment: like pip's or TVM's own caches, the location is the user's to choose."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tvm-rammer", "profiles.sqlite")
 
-    def __init__(self, path: str | None = None, devices: dict | None = None):
-        self.path = path
-        self.devices: dict = devices or {}
-        self.dirty = False
 
-    @classmethod
-    def load(cls, path: str | None) -> "ProfileDB":
-        """The database in ``path``; an empty one when the file does not exist yet."""
-        if path is None or not os.path.exists(path):
-            return cls(path)
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"profile record kind {kind!r}: use one of {KINDS}")
+
+
+class _Store:
+    """What both stores offer; ``_get``/``_put_many``/``_device_keys`` are theirs."""
+
+    path: str | None
+
+    def get(self, kind: str, key: str, device: DeviceId) -> dict | None:
+        """The record of ``key`` measured on ``device``, or None."""
+        _check_kind(kind)
+        return self._get(kind, key, device.key)
+
+    def put(self, kind: str, key: str, device: DeviceId, record: dict) -> None:
+        self.put_many([(kind, key, device, record)])
+
+    def put_many(self, items) -> None:
+        """Store ``(kind, key, device, record)`` items together (one transaction)."""
+        rows = []
+        for kind, key, device, record in items:
+            _check_kind(kind)
+            rows.append((kind, key, device.key, dict(record)))
+        if rows:
+            self._put_many(rows)
+
+    def devices(self) -> list[DeviceId]:
+        """Every device with records, sorted by key."""
+        return [DeviceId.from_key(k) for k in sorted(self._device_keys())]
+
+    def device_for(self, arch: str, name: str | None = None) -> DeviceId | None:
+        """A device of this database for compiling without a GPU: the same compute capability
+        (and the same name when given), the newest driver first."""
+        from ..target import same_arch
+
+        found = [d for d in self.devices() if same_arch(d.arch, arch) and (name is None or d.name == name)]
+        return sorted(found, key=lambda d: d.driver, reverse=True)[0] if found else None
+
+
+class JsonProfileDB(_Store):
+    """A profile database in one JSON file (``path``; None = memory only). Writes are buffered until
+    :meth:`flush`, which merges them into the file under a lock."""
+
+    def __init__(self, path: str | None = None, readonly: bool = False):
+        self.path, self.readonly = path, readonly
+        self._data: dict = {}
+        self._pending: list = []
+        if path is not None and os.path.exists(path):
+            self._data = self._read(path)
+        elif path is not None and readonly:
+            raise ValueError(f"profile database {path!r} does not exist")
+
+    @staticmethod
+    def _read(path: str) -> dict:
         try:
             with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+                doc = json.load(f)
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"profile database {path!r} is not readable JSON ({err}); "
                              "delete it or pass another --profile-db") from None
-        if data.get("format") != FORMAT:
-            raise ValueError(f"profile database {path!r} has format {data.get('format')!r}, "
-                             f"expected {FORMAT!r}; delete it or pass another --profile-db")
-        return cls(path, data.get("devices", {}))
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"profile database {path!r} has format {found!r}, expected {FORMAT!r}; "
+                             "delete it or pass another --profile-db")
+        return doc.get("devices", {})
 
-    def save(self, path: str | None = None) -> None:
-        """Write the database (to ``path`` or where it was loaded from), atomically."""
-        path = path or self.path
-        if path is None:
-            raise ValueError("ProfileDB.save needs a path: the database was created in memory")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT, "devices": self.devices}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-        self.dirty = False
+    def _get(self, kind, key, device):
+        return self._data.get(device, {}).get(kind, {}).get(key)
 
-    def _device(self, device: str, arch: str | None = None) -> dict:
-        entry = self.devices.setdefault(device, {"arch": arch, "kernels": {}, "rprograms": {}})
-        if arch and not entry.get("arch"):
-            entry["arch"] = arch
-        return entry
+    def _merge(self, data: dict, rows) -> None:
+        for kind, key, device, record in rows:
+            data.setdefault(device, {}).setdefault(kind, {})[key] = record
 
-    def device_for_arch(self, arch: str) -> str | None:
-        """A device of the database with this arch (first by name), for compiling without a GPU."""
-        base = arch.rstrip("a")
-        names = sorted(d for d, e in self.devices.items() if str(e.get("arch") or "").rstrip("a") == base)
-        return names[0] if names else None
+    def _put_many(self, rows) -> None:
+        if self.readonly:
+            raise ValueError(f"profile database {self.path!r} is read-only")
+        self._merge(self._data, rows)
+        self._pending.extend(rows)
 
-    def kernel(self, key: str, device: str) -> dict | None:
-        """The kernel record for ``key`` measured on ``device``, or None."""
-        return self.devices.get(device, {}).get("kernels", {}).get(key)
+    def _device_keys(self):
+        return self._data.keys()
 
-    def put_kernel(self, key: str, device: str, record: dict, arch: str | None = None) -> None:
-        self._device(device, arch)["kernels"][key] = dict(record)
-        self.dirty = True
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending)
 
-    def rprogram(self, key: str, device: str) -> float | None:
-        entry = self.devices.get(device, {}).get("rprograms", {}).get(key)
-        return None if entry is None else float(entry["time_us"])
+    def flush(self) -> None:
+        """Merge the records put since the last flush into the file (a no-op in memory)."""
+        if self.path is None or not self._pending:
+            self._pending = []
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(f"{self.path}.lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                data = self._read(self.path) if os.path.exists(self.path) else {}
+                self._merge(data, self._pending)
+                tmp = f"{self.path}.tmp{os.getpid()}"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump({"format": FORMAT, "devices": data}, f, indent=1, sort_keys=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        self._data, self._pending = data, []
 
-    def put_rprogram(self, key: str, device: str, time_us: float, arch: str | None = None) -> None:
-        self._device(device, arch)["rprograms"][key] = {"time_us": float(time_us)}
-        self.dirty = True
+    def close(self) -> None:
+        self.flush()
 
-    def kernel_or_measure(self, key: str, device: str, measure: Callable[[], dict] | None,
-                          arch: str | None = None) -> tuple[dict | None, str]:
-        """(record, "database") when known; else (``measure()``, "profiled") stored for next time;
-        (None, "analytical") when unknown and nothing can measure."""
-        record = self.kernel(key, device)
-        if record is not None:
-            return record, "database"
-        if measure is None:
-            return None, "analytical"
-        record = measure()
-        self.put_kernel(key, device, record, arch)
-        return record, "profiled"
+
+class SqliteProfileDB(_Store):
+    """A profile database in sqlite3 (WAL mode). Every :meth:`put_many` is one transaction."""
+
+    _SCHEMA = ("CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, key TEXT NOT NULL, "
+               "device TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (kind, key, device))")
+
+    def __init__(self, path: str, readonly: bool = False):
+        self.path, self.readonly = path, readonly
+        if not readonly:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if readonly and not os.path.exists(path):
+            raise ValueError(f"profile database {path!r} does not exist")
+        try:
+            uri = f"file:{os.path.abspath(path)}?mode=ro" if readonly else path
+            self._conn = sqlite3.connect(uri, timeout=60.0, isolation_level=None, uri=readonly)
+            self._conn.execute("PRAGMA busy_timeout = 60000")
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute(self._SCHEMA)
+        except sqlite3.DatabaseError as err:
+            raise ValueError(f"profile database {path!r} is not a usable sqlite3 file ({err}); "
+                             "delete it or pass another --profile-db") from None
+
+    def _get(self, kind, key, device):
+        row = self._query("SELECT record FROM records WHERE kind = ? AND key = ? AND device = ?",
+                          (kind, key, device)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def _query(self, sql, args=()):
+        try:
+            return self._conn.execute(sql, args)
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return self._conn.execute("SELECT NULL WHERE 0")
+            raise
+
+    def _put_many(self, rows) -> None:
+        if self.readonly:
+            raise ValueError(f"profile database {self.path!r} is read-only")
+        with self._transaction():
+            self._conn.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)",
+                                   [(k, key, d, json.dumps(r, sort_keys=True)) for k, key, d, r in rows])
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _device_keys(self):
+        return [row[0] for row in self._query("SELECT DISTINCT device FROM records")]
+
+    dirty = False
+
+    def flush(self) -> None:
+        """Nothing to do: every put is already committed."""
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def export_json(self, path: str, device: DeviceId | None = None) -> JsonProfileDB:
+        """Copy the records (of ``device`` only, when given) into a JSON database at ``path``."""
+        out = JsonProfileDB(path)
+        rows = self._query("SELECT kind, key, device, record FROM records").fetchall()
+        items = [(k, key, DeviceId.from_key(d), json.loads(r)) for k, key, d, r in rows
+                 if device is None or d == device.key]
+        out.put_many(items)
+        out.flush()
+        return out
+
+
+def open_profile_db(path: str, readonly: bool = False):
+    """The profile database at ``path``: JSON for ``*.json``, sqlite3 otherwise (created when missing,
+    unless ``readonly``)."""
+    path = os.fspath(path)
+    if path.endswith(".json"):
+        return JsonProfileDB(path, readonly=readonly)
+    return SqliteProfileDB(path, readonly=readonly)
+
+
+def shipped_profile_dbs() -> list[JsonProfileDB]:
+    """The profile databases shipped with tvm-rammer (``tvm_rammer/profiles/*.json``), read-only;
+    ``scripts/gpu_check.sh`` records them on every GPU run."""
+    if not SHIPPED_DIR.is_dir():
+        return []
+    return [JsonProfileDB(str(p), readonly=True) for p in sorted(SHIPPED_DIR.glob("*.json"))]

@@ -1,27 +1,25 @@
-"""Compile-time profiler (Rammer, OSDI'20, 3.2 "Compile-time profiling").
+"""Compile-time profiler (Rammer, OSDI'20, 3.2 "Compile-time profiling"): measured times for the
+policy, from profile databases or measured on the device.
 
-Three kinds of information, each with a function here:
+Rammer's profiler provides 1) an rTask's time on a vEU, 2) its resource usage and 3) an rProgram's
+time. :class:`Profiler` puts them behind the profile databases (``profile_db``):
 
-1. an rTask's time on a vEU: :func:`measure_kernel` builds ONE scheduled PrimFunc for CUDA, runs it
-   alone with ``time_evaluator`` on random inputs (kernel time ``kernel_us``, median of repeats) and
-   derives the per-rTask time as
+- rKernel versions (:meth:`Profiler.prepare`, :meth:`Profiler.kernel`): every version whose record is
+  missing is checked and timed on the device (``measure.MeasureDevice.measure_kernels``) in one
+  batch, with a progress bar; the record says whether its outputs matched TVM's default kernel for
+  the operator (``valid``) and that default kernel's own time (``default_us``). The per-rTask time is
 
-       rtask_us = kernel_us / ceil(num_rtasks / (num_sms * occupancy))
+      rtask_us = kernel_us / ceil(num_rtasks / (num_sms * occupancy))
 
-   i.e. the kernel's time divided by its number of full "rounds" of thread blocks on the device, where
-   ``occupancy`` is the blocks per SM its threads, registers and shared memory allow (the vDevice
-   rules). A kernel with fewer blocks than the device holds is one round: its rTask time is the kernel
-   time. ``kernel_us`` includes what a lone launch costs on the device (event-timed, so not the host
-   launch latency);
-2. resources: registers and shared memory from ``compile_cuda_resources`` (nvcc ``-Xptxas -v``);
-3. an rProgram's time: :func:`rprogram_profile` turns a build-and-time callback (the persistent-kernel
-   codegen lives in ``codegen/``; the callback builds the kernel for a plan and times it on the GPU)
-   into the ``profile`` callable of ``policy.schedule``, cached in the profile database.
+  i.e. the kernel's time divided by its rounds of thread blocks on the device (:func:`rtask_time`);
+- rPrograms (:meth:`Profiler.plan_profile`, :meth:`Profiler.rprogram_time`): the persistent kernel of
+  a plan timed whole, cached under :func:`plan_key`; at most ``rprogram_budget`` candidate plans are
+  built and timed per compilation (each is a full nvcc build), the final ones always.
 
-:class:`Profiler` puts 1 and 2 behind the profile database: a kernel already in the database is not
-measured again, and without a GPU the database or, failing that, the analytical cost model gives the
-time. ``Profiler.counts`` says how many rKernel times came from each ("profiled", "database",
-"analytical").
+Where records come from is counted in ``Profiler.counts``: "profiled" (measured now), "database"
+(the writable database), "shipped" (a read-only database, e.g. one shipped with tvm-rammer).
+Without a device and without a record nothing is measured: the caller decides what that means
+(``rkernels``: TVM's dlight schedule only, timed by the analytical model).
 """
 from __future__ import annotations
 
@@ -29,28 +27,27 @@ import hashlib
 import json
 import logging
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
-import numpy as np
-import tvm
-
+from ..gpu import DeviceId
 from ..vdevice import VDevice
-from .profile_db import ProfileDB
+from .measure import KernelJob, MeasureDevice
 
-__all__ = ["Timing", "Profiler", "measure_kernel", "rtask_time", "local_gpu", "rprogram_profile",
-           "plan_key"]
+__all__ = ["Timing", "Profiler", "rtask_time", "plan_key", "Progress"]
 
 LOG = logging.getLogger("tvm_rammer")
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Time of one rTask of an rKernel and where it comes from."""
+    """Time of one rTask of an rKernel and where it comes from ("profiled", "database", "shipped"
+    or "analytical")."""
 
     rtask_us: float
-    source: str  # "profiled", "database" or "analytical"
+    source: str
     registers: int | None = None
     kernel_us: float | None = None
 
@@ -63,116 +60,6 @@ def rtask_time(kernel_us: float, num_rtasks: int, threads: int, registers, share
     return kernel_us / max(1, rounds)
 
 
-def local_gpu():
-    """(device, name, arch) of CUDA device 0, or None when there is none."""
-    try:
-        dev = tvm.cuda(0)
-        if not dev.exist:
-            return None
-        major, minor = str(dev.compute_version).split(".")
-        return dev, str(dev.device_name), f"sm_{major}{minor}"
-    except Exception:  # pylint: disable=broad-except  (no CUDA runtime in this TVM build)
-        return None
-
-
-def _random_args(func: tvm.tirx.PrimFunc, dev, rng: np.random.Generator) -> list:
-    args = []
-    for param in func.params:
-        shape = [int(d) for d in param.ty.shape]
-        dtype = str(param.ty.dtype)
-        if dtype.startswith("float") or dtype.startswith("bfloat"):
-            data = rng.uniform(-1, 1, size=shape).astype("float32").astype(dtype)
-        elif dtype == "bool":
-            data = rng.integers(0, 2, size=shape).astype(dtype)
-        else:
-            data = rng.integers(0, 4, size=shape).astype(dtype)
-        args.append(tvm.runtime.tensor(data, dev))
-    return args
-
-
-def measure_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target, dev, *, number: int = 20,
-                   repeat: int = 5, resources: bool = True, arch: str | None = None) -> dict:
-    """Build ``func`` (one scheduled kernel) for ``target``, time it alone on ``dev`` and read its
-    registers. Returns ``dict(kernel_us, registers, shared_bytes)`` (registers None without nvcc)."""
-    from tir_templates.cuda_resources import CudaCompileError, compile_cuda_resources
-
-    func = func.with_attr("global_symbol", "rammer_profile")
-    lib = tvm.tirx.build(tvm.IRModule({"rammer_profile": func}), target)
-    args = _random_args(func, dev, np.random.default_rng(0))
-    timer = lib.time_evaluator("rammer_profile", dev, number=number, repeat=repeat, min_repeat_ms=1)
-    kernel_us = float(np.median(timer(*args).results)) * 1e6
-    registers = shared = None
-    if resources:
-        try:
-            source = str(lib.imports[0].inspect_source("cu")) if lib.imports else ""
-            info = compile_cuda_resources(source, arch or str(target.attrs.get("arch", "sm_90")))
-            registers, shared = info["registers"], info["shared_bytes"]
-        except (CudaCompileError, Exception) as err:  # pylint: disable=broad-except
-            LOG.info("tvm-rammer: no register count for a profiled kernel: %s", str(err).splitlines()[0])
-    return {"kernel_us": kernel_us, "registers": registers, "shared_bytes": shared}
-
-
-class Profiler:
-    """rKernel times from the profile database, the GPU, or the analytical model (in that order).
-
-    Parameters
-    ----------
-    db: the profile database (memory only when None).
-    target: the CUDA target kernels are built for.
-    measure: ``measure(func, lowered) -> dict(kernel_us, registers, shared_bytes)``; None = the local
-        GPU through :func:`measure_kernel` when one is visible and ``use_gpu``, else nothing is
-        measured. Tests pass a fake here.
-    device: the device name records are keyed by; None = the local GPU's, else a device of the
-        database with the target's arch.
-    """
-
-    def __init__(self, db: ProfileDB | None, target: tvm.target.Target, measure: Callable | None = None,
-                 device: str | None = None, resources: bool = True, use_gpu: bool = True):
-        self.db = db if db is not None else ProfileDB()
-        self.target = target
-        self.arch = str(target.attrs.get("arch", "sm_90"))
-        self.counts: Counter = Counter()
-        gpu = local_gpu() if measure is None and use_gpu else None
-        if measure is None and gpu is not None:
-            dev, name, arch = gpu
-            self.arch = arch
-            measure = lambda func, _lowered: measure_kernel(func, target, dev, resources=resources,  # noqa: E731
-                                                            arch=arch)
-            device = device or name
-        self.measure = measure
-        self.device = device or self.db.device_for_arch(self.arch) or f"unknown-{self.arch}"
-
-    def timings(self, versions, vdevice: VDevice, analytical: Callable) -> list[Timing]:
-        """One Timing per version (``tuning.versions.KernelVersion``). When any version of the operator
-        has neither a record nor a way to be measured, every version uses ``analytical(version)`` so
-        that one operator's versions are always compared on the same scale."""
-        records = []
-        for version in versions:
-            measure = None
-            if self.measure is not None:
-                measure = (lambda v=version: self.measure(v.func, v.lowered))
-            record, source = self.db.kernel_or_measure(version.key, self.device, measure, self.arch)
-            records.append((record, source))
-        if any(record is None for record, _ in records):
-            self.counts["analytical"] += len(versions)
-            return [Timing(analytical(v), "analytical") for v in versions]
-        out = []
-        for version, (record, source) in zip(versions, records):
-            lowered = version.lowered
-            registers = record.get("registers")
-            shared = max(lowered.shared_bytes, int(record.get("shared_bytes") or 0))
-            rtask_us = rtask_time(record["kernel_us"], lowered.num_rtasks, lowered.threads, registers,
-                                  shared, vdevice)
-            self.counts[source] += 1
-            out.append(Timing(rtask_us, source, registers, record["kernel_us"]))
-        return out
-
-    def summary(self) -> dict:
-        """Counts of rKernel times by source, plus the device they are keyed by."""
-        return {"device": self.device, **{k: self.counts.get(k, 0)
-                                          for k in ("profiled", "database", "analytical")}}
-
-
 def plan_key(plan, graph) -> str:
     """A stable key of an rProgram plan: its table and the names (with hashes) of its rKernels."""
     kernels = {str(op): graph.ops[op].kernels[i].name for op, i in plan.selected.items()}
@@ -180,24 +67,168 @@ def plan_key(plan, graph) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def rprogram_profile(graph, build_and_time: Callable | None, db: ProfileDB, device: str,
-                     arch: str | None = None) -> Callable:
-    """The ``profile`` argument of ``policy.schedule``: an rProgram plan's measured time in us.
+class Progress:
+    """Kernels measured so far, shown with tqdm once a batch has run for ``after_s`` seconds (plain
+    lines without tqdm, nothing when disabled)."""
 
-    ``build_and_time(plan) -> float | None`` builds the persistent kernel of ``plan`` and times it on
-    the GPU (None when it cannot); results are cached in ``db`` under :func:`plan_key`. With
-    ``build_and_time=None`` only database hits are returned (None otherwise: the policy then uses its
-    analytical time).
+    def __init__(self, total: int, label: str, enabled: bool = True, after_s: float = 2.0):
+        self.total, self.label, self.enabled, self.after_s = total, label, enabled, after_s
+        self.done, self.start, self._bar = 0, time.monotonic(), None
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled or (self._bar is None and time.monotonic() - self.start < self.after_s):
+            return
+        if self._bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # the GPU machines have no package index: plain lines instead
+                tqdm = None
+            self._bar = tqdm(total=self.total, desc=self.label, unit="kernel", leave=False) \
+                if tqdm is not None else False
+            if self._bar:
+                self._bar.update(self.done - n)
+        if self._bar:
+            self._bar.update(n)
+        elif self.done == self.total or self.done % 50 == 0:
+            LOG.warning("%s: %d/%d", self.label, self.done, self.total)
+
+    def close(self) -> None:
+        if self._bar:
+            self._bar.close()
+
+
+class Profiler:
+    """Measured times from profile databases or a device (see the module docstring).
+
+    Parameters
+    ----------
+    db: the writable profile database (``profile_db.open_profile_db``, or ``JsonProfileDB()`` in
+        memory); measured records go here.
+    device: where to measure (``measure.CudaDevice`` or a test's fake); None: nothing is measured.
+    arch: the target's architecture; without a device, records of a device of this arch are read.
+    readonly: databases to read when ``db`` holds nothing for ``arch`` and there is no device (the
+        shipped ones). Records of one compilation all come from one database and one device, so
+        the versions of an operator are always compared on one scale.
+    rprogram_budget: candidate rPrograms built and timed whole per compilation at most.
+    progress: show a progress bar for long measurement batches.
     """
 
-    def profile(plan):
-        key = plan_key(plan, graph)
-        known = db.rprogram(key, device)
-        if known is not None or build_and_time is None:
-            return known
-        measured = build_and_time(plan)
-        if measured is not None:
-            db.put_rprogram(key, device, measured, arch)
-        return measured
+    def __init__(self, db, device: MeasureDevice | None = None, arch: str = "sm_90a",
+                 readonly: Sequence = (), rprogram_budget: int = 32, progress: bool = True):
+        self.db, self.device = db, device
+        self.counts: Counter = Counter()
+        self.rprogram_budget = rprogram_budget
+        self.progress = progress
+        self._measured: set = set()
+        self.sources = []  # (database, device its records are read for, label): one source
+        if device is not None:
+            self.sources = [(db, device.id, "database")]
+        elif db.device_for(arch) is not None:
+            self.sources = [(db, db.device_for(arch), "database")]
+        else:
+            for extra in readonly:
+                found = extra.device_for(arch)
+                if found is not None:
+                    self.sources = [(extra, found, "shipped")]
+                    break
+        self.device_id: DeviceId | None = self.sources[0][1] if self.sources else None
 
-    return profile
+    @property
+    def measures(self) -> bool:
+        """Whether missing records are measured (a device is attached)."""
+        return self.device is not None
+
+    def _lookup(self, kind: str, key: str):
+        for db, device, label in self.sources:
+            record = db.get(kind, key, device)
+            if record is not None:
+                return record, ("profiled" if (kind, key) in self._measured else label)
+        return None, None
+
+    def prepare(self, jobs: Sequence[KernelJob]) -> None:
+        """Check and time, in one batch, every job whose key (or reference key) has no record."""
+        if self.device is None:
+            return
+        todo, seen = [], set()
+        for job in jobs:
+            if job.key in seen or self._lookup("kernel", job.key)[0] is not None:
+                continue
+            seen.add(job.key)
+            todo.append(job)
+        if not todo:
+            return
+        progress = Progress(len(todo), "tvm-rammer: profiling rKernels", self.progress)
+        try:
+            records = self.device.measure_kernels(todo, progress)
+        finally:
+            progress.close()
+        items, keys = [], {job.key for job in todo}
+        for job, record in zip(todo, records):
+            if record is None:
+                continue
+            items.append(("kernel", job.key, self.device.id, record))
+            self._measured.add(("kernel", job.key))
+            known = job.reference_key in keys or self._lookup("kernel", job.reference_key)[0]
+            if job.reference_key and record.get("default_us") is not None and not known:
+                keys.add(job.reference_key)
+                ref = {"kernel_us": record["default_us"], "valid": True, "error": 0.0,
+                       "reference": True}
+                items.append(("kernel", job.reference_key, self.device.id, ref))
+                self._measured.add(("kernel", job.reference_key))
+        self.db.put_many(items)
+
+    def kernel(self, key: str) -> tuple:
+        """(record, source) of an rKernel version, or (None, None) when unknown."""
+        record, source = self._lookup("kernel", key)
+        if record is not None:
+            self.counts[source] += 1
+        return record, source
+
+    def default_time(self, reference_keys: Sequence[str]) -> float | None:
+        """The summed time (us) of TVM's default kernels for these operators, each timed alone (a
+        launch included); None when any is unknown."""
+        total = 0.0
+        for key in reference_keys:
+            record = self._lookup("kernel", key)[0] if key else None
+            if record is None or record.get("kernel_us") is None:
+                return None
+            total += float(record["kernel_us"])
+        return total
+
+    def rprogram_time(self, key: str, measure: Callable[[], float | None] | None,
+                      force: bool = False) -> tuple:
+        """(time_us, source) of an rProgram: recorded, or measured with ``measure()`` while the
+        budget lasts (always when ``force``); (None, None) otherwise."""
+        record, source = self._lookup("rprogram", key)
+        if record is not None:
+            return float(record["time_us"]), source
+        if self.device is None or measure is None or (not force and self.rprogram_budget <= 0):
+            return None, None
+        if not force:
+            self.rprogram_budget -= 1
+        measured = measure()
+        if measured is None:
+            return None, None
+        self.db.put("rprogram", key, self.device.id, {"time_us": float(measured)})
+        self._measured.add(("rprogram", key))
+        self.counts["rprograms profiled"] += 1
+        return float(measured), "profiled"
+
+    def plan_profile(self, graph, build_and_time: Callable | None) -> Callable:
+        """The ``profile`` argument of ``policy.schedule``: a plan's measured time (us), or None
+        (the policy then uses its analytical time)."""
+
+        def profile(plan):
+            measure = None if build_and_time is None else (lambda: build_and_time(plan))
+            return self.rprogram_time(plan_key(plan, graph), measure)[0]
+
+        return profile
+
+    def flush(self) -> None:
+        self.db.flush()
+
+    def summary(self) -> dict:
+        """Counts of times by source, plus the device they are keyed by."""
+        return {"device": self.device_id.key if self.device_id else None,
+                **{k: self.counts.get(k, 0) for k in ("profiled", "database", "shipped")}}

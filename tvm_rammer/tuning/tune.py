@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import tvm
 
 from ..config import RammerConfig
-from .profiler import local_gpu
+from ..gpu import local_gpu
 
-__all__ = ["RPCTracker", "NO_DEVICE", "open_database", "pre_schedule_module", "extract_tasks", "tune"]
+__all__ = ["RPCTracker", "NO_DEVICE", "pre_schedule_module", "extract_tasks", "tune"]
 
 LOG = logging.getLogger("tvm_rammer")
 NO_DEVICE = ("tvm-rammer tune needs a CUDA GPU to measure the candidate schedules on, and none is "
@@ -44,20 +44,6 @@ class RPCTracker:
         if not key:
             raise ValueError("--rpc-tracker needs --rpc-key KEY (the key the devices registered with)")
         return cls(host, int(port), key)
-
-
-def open_database(work_dir: str):
-    """The MetaSchedule JSON database in ``work_dir`` (written by ``tvm-rammer tune``)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    workload = os.path.join(work_dir, "database_workload.json")
-    records = os.path.join(work_dir, "database_tuning_record.json")
-    if not os.path.isfile(workload) or not os.path.isfile(records):
-        raise ValueError(f"--tuning-db {work_dir!r} holds no MetaSchedule database "
-                         "(database_workload.json, database_tuning_record.json); "
-                         "write one with `tvm-rammer tune MODEL --work-dir DIR`")
-    return ms.database.JSONDatabase(path_workload=workload, path_tuning_record=records,
-                                    allow_missing=False)
 
 
 def pre_schedule_module(mod: tvm.IRModule, target: tvm.target.Target, config: RammerConfig) -> tvm.IRModule:

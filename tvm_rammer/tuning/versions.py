@@ -29,11 +29,14 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
+from tir_templates.default_schedule import default_rules, is_scheduled
 from tir_templates.prelower import LoweredKernel, UnsupportedKernel, prelower
 from tir_templates.templates import template_schedules
 
+from ..target import capped_target
+
 __all__ = ["STASH_ATTR", "StashUnscheduled", "unscheduled_funcs", "KernelVersion", "VersionOptions",
-           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "func_key"]
+           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "func_key", "open_database"]
 
 LOG = logging.getLogger("tvm_rammer")
 STASH_ATTR = "rammer.unscheduled"
@@ -49,12 +52,8 @@ class StashUnscheduled:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         stash = {gv.name_hint: func for gv, func in mod.functions_items()
-                 if isinstance(func, tirx.PrimFunc) and not _is_scheduled(func)}
+                 if isinstance(func, tirx.PrimFunc) and not is_scheduled(func)}
         return mod.with_attr(STASH_ATTR, stash) if stash else mod
-
-
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
 
 
 def unscheduled_funcs(mod: tvm.IRModule) -> dict:
@@ -124,19 +123,11 @@ _MATMUL_CONFIGS = (
 _THREAD_CAPS = (64, 128)
 
 
-def _capped(target: tvm.target.Target, threads: int) -> tvm.target.Target:
-    spec = dict(target.export())
-    spec.pop("tag", None)
-    spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), threads)
-    spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)), threads)
-    return tvm.target.Target(spec)
-
-
 def _apply(func, target, *rules):
     with target:
         mod = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))
     out = mod["main"]
-    return out if _is_scheduled(out) else None
+    return out if is_scheduled(out) else None
 
 
 def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
@@ -156,8 +147,7 @@ def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
             found.append((name, scheduled))
     for threads in _THREAD_CAPS:
         try:
-            scheduled = _apply(func, _capped(target, threads), dl.gpu.Matmul(), dl.gpu.GEMV(),
-                               dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+            scheduled = _apply(func, capped_target(target, threads), *default_rules())
         except Exception as err:  # pylint: disable=broad-except
             LOG.debug("tvm-rammer: dlight under %d threads does not apply: %s", threads, err)
             scheduled = None
@@ -173,6 +163,22 @@ def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
     if scheduled is not None:
         found.append(("dlight_fallback", scheduled))
     return found
+
+
+def open_database(work_dir: str):
+    """The MetaSchedule JSON database in ``work_dir`` (written by ``tvm-rammer tune``)."""
+    import os
+
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = os.path.join(work_dir, "database_workload.json")
+    records = os.path.join(work_dir, "database_tuning_record.json")
+    if not os.path.isfile(workload) or not os.path.isfile(records):
+        raise ValueError(f"--tuning-db {work_dir!r} holds no MetaSchedule database "
+                         "(database_workload.json, database_tuning_record.json); "
+                         "write one with `tvm-rammer tune MODEL --work-dir DIR`")
+    return ms.database.JSONDatabase(path_workload=workload, path_tuning_record=records,
+                                    allow_missing=False)
 
 
 def metaschedule_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database, top_k: int) -> list:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_rammer.codegen.persistent import Binding, DispatchEntry, TensorSlot
+from .persistent import Binding, DispatchEntry, TensorSlot
 
 ALIGN = 64  # bytes; every arena offset is a multiple of any dtype size
 

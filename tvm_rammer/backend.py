@@ -1,0 +1,398 @@
+"""The rammer back end: rOperators, the policy, persistent kernels, and the checks on measured times.
+
+``build_rprograms(graph, mod, target, config, profiler)`` turns the dataflow graph of ``main`` (after
+dlight) into the rPrograms to emit:
+
+1. rOperators: for every placeable operator its rKernel versions (``tuning.versions``), checked and
+   timed on the device by the ``profiler`` (an object: a real GPU, a test's fake, or databases only).
+   A version is a candidate only when measured and valid; with no measured time an operator has
+   TVM's own dlight schedule only (``rkernels.operator_versions``);
+2. the policy (Algorithm 1, ``policy.schedule``), whose P1 vs Pcurr+P2 uses rPrograms timed whole
+   when the profiler can;
+3. code: one persistent PrimFunc per rProgram (``codegen.persistent``), placed again when the
+   compiled kernel's registers change its occupancy;
+4. never slower than TVM's default: an rProgram whose measured time is not below the measured time
+   of its operators as TVM's default kernels is dropped, and its operators stay ordinary kernels.
+
+Operators left as ordinary kernels (not placeable, or from a dropped rProgram) get TVM's default
+schedule (uncapped: what TVM's default pipeline would build). :class:`RammerBackend` is the module
+pass that runs this and hands the result to the Relax rewrite ``relay_passes.RammerGroupRPrograms``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from relay_passes.dataflow_graph import DataflowGraph
+from relay_passes.group_rprograms import RammerGroupRPrograms, RProgramCall
+from tir_templates.default_schedule import schedule_like_default
+from tir_templates.prelower import UnsupportedKernel
+from tir_templates.rtask_rewrite import early_exit_problem, instantiate
+
+from . import rkernels
+from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
+                                 has_barriers)
+from .codegen.tensors import TensorPlan, plan_tensors
+from .config import RammerConfig
+from .policy import OpGraph, schedule
+from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
+from .resources import ResourceProbe
+from .target import plain_target, rkernel_target, target_arch
+from .tuning.measure import KernelJob
+from .tuning.profiler import Profiler, plan_key
+from .tuning.versions import func_key, kernel_versions, unscheduled_funcs
+
+__all__ = ["BuiltRProgram", "BackendResult", "build_rprograms", "RammerBackend", "make_profiler"]
+
+LOG = logging.getLogger("tvm_rammer")
+
+
+@dataclass
+class BuiltRProgram:
+    """A policy plan with its tensors, table and persistent kernel."""
+
+    plan: object
+    nodes: list
+    first_wave: int
+    tensors: TensorPlan
+    spec: PersistentKernelSpec
+    table: np.ndarray
+    func: tvm.tirx.PrimFunc
+    report: dict
+
+    def call(self) -> RProgramCall:
+        """What the Relax rewrite needs to emit this rProgram."""
+        args = list(self.tensors.input_exprs)
+        if self.tensors.blob is not None:
+            args.append(relax.const(self.tensors.blob, "uint8"))
+        args.append(relax.const(self.table, "int32"))
+        extra = []
+        if self.tensors.arena_bytes:
+            extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
+        extra.append(relax.TensorType((self.func.attrs["rammer.num_veus"] + 1,), "int32"))
+        func = self.func.with_attr(REPORT_ATTR, json.dumps(self.report))
+        return RProgramCall(name=self.spec.name, func=func, nodes=tuple(self.nodes),
+                            args=tuple(args), outputs=tuple(self.tensors.outputs),
+                            extra_outputs=tuple(extra), level=self.first_wave)
+
+    def fixed_args(self) -> dict:
+        """The kernel parameters whose contents matter for its time: the program table and the
+        constants blob (everything else is seeded)."""
+        fixed = {"rammer_program": self.table}
+        if self.tensors.blob is not None:
+            fixed["weights"] = self.tensors.blob
+        return fixed
+
+
+@dataclass
+class BackendResult:
+    """What :func:`build_rprograms` decided: rPrograms to emit, operators left as ordinary kernels
+    (index -> reason) and rPrograms dropped for being slower than TVM's default."""
+
+    rprograms: list
+    unplaced: dict
+    fallbacks: list = field(default_factory=list)
+    operators: dict = field(default_factory=dict)
+
+
+# --- rOperators --------------------------------------------------------------------------------
+
+def _runnable(versions: list, veu_threads: int) -> list:
+    """The versions whose rTasks can share a vEU as wide as the widest rTask may be."""
+    keep = []
+    for version in versions:
+        problem = early_exit_problem(version.lowered, veu_threads)
+        if problem:
+            LOG.info("tvm-rammer: version %s dropped: %s", version.name, problem)
+        else:
+            keep.append(version)
+    return keep
+
+
+@dataclass
+class _Candidate:
+    """One distinct operator (PrimFunc) of the graph and its versions."""
+
+    name: str
+    node: object
+    versions: list
+    reference: object = None
+    reference_key: str | None = None
+
+
+def _candidates(graph, mod, target, config, profiler, skipped):
+    """name -> _Candidate for every distinct placeable PrimFunc; the unplaceable ones go to skipped.
+
+    Versions other than the pipeline's dlight schedule are made only when the profiler can measure
+    them or has records to read: without measured times they could never be chosen."""
+    from .tuning.versions import open_database
+
+    informed = profiler.measures or bool(profiler.sources)
+    stash = unscheduled_funcs(mod) if informed else {}
+    database = open_database(config.tuning_db) if (informed and config.tuning_db) else None
+    rk_target, plain = rkernel_target(target, config), plain_target(target)
+    found = {}
+    for node in graph.nodes:
+        if node.kind == "alias":
+            continue
+        if not node.placeable:
+            skipped[node.index] = node.reason
+            continue
+        name = node.gvar.name_hint
+        if name in found:
+            continue
+        try:
+            versions = kernel_versions(name, rk_target, scheduled=mod[node.gvar],
+                                       unscheduled=stash.get(name) if config.versions else None,
+                                       database=database)
+        except Exception as err:  # pylint: disable=broad-except  (one operator's failure is its own)
+            LOG.info("tvm-rammer: no rKernel version of %s: %s", name, str(err).splitlines()[0])
+            versions = []
+        versions = _runnable(versions, config.max_rtask_threads)
+        found[name] = _Candidate(name, node, versions)
+        if versions and informed and name in stash:
+            ref = schedule_like_default(stash[name], plain)
+            if ref is not None:
+                found[name].reference, found[name].reference_key = ref, func_key(ref)
+    return found
+
+
+def _jobs(candidates: dict) -> list:
+    return [KernelJob(key=v.key, label=f"{c.name}:{v.name}", func=v.func, reference=c.reference,
+                      reference_key=c.reference_key, num_outputs=len(c.node.outputs))
+            for c in candidates.values() for v in c.versions]
+
+
+def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, vdevice,
+                      profiler: Profiler):
+    """(rOperators by node index, skipped node index -> reason), every version measured first."""
+    skipped: dict = {}
+    candidates = _candidates(graph, mod, target, config, profiler, skipped)
+    profiler.prepare(_jobs(candidates))
+    built, ops = {}, {}
+    for node in graph.nodes:
+        if node.kind == "alias" or node.index in skipped:
+            continue
+        cand = candidates[node.gvar.name_hint]
+        if cand.name not in built:
+            try:
+                built[cand.name] = rkernels.operator_versions(
+                    node.index, cand.name, mod[node.gvar], cand.versions, config, vdevice, profiler,
+                    reference_key=cand.reference_key)
+            except UnsupportedKernel as err:
+                built[cand.name] = str(err)
+        op = built[cand.name]
+        if isinstance(op, str):
+            skipped[node.index] = op
+            continue
+        ops[node.index] = dataclasses.replace(op, uid=node.index)
+    for index, reason in skipped.items():
+        LOG.info("tvm-rammer: %s stays an ordinary kernel: %s", graph.nodes[index].name, reason)
+    LOG.info("tvm-rammer: rKernel times %s", profiler.summary())
+    return ops, skipped
+
+
+def op_graph_of(graph: DataflowGraph, ops: dict, skipped: dict) -> OpGraph:
+    """The policy's view: placeable operators by wave, their placeable preds, forced split waves."""
+    waves, split_before = [], set()
+    for w, wave in enumerate(graph.waves()):
+        waves.append([i for i in wave if i in ops])
+        if any(i in skipped for i in wave):
+            split_before.add(w)
+    preds = {i: [p for p in graph.nodes[i].preds if p in ops] for i in ops}
+    return OpGraph(ops=ops, preds=preds, waves=waves, split_before=split_before)
+
+
+# --- code ---------------------------------------------------------------------------------------
+
+def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, ops: dict,
+              config: RammerConfig):
+    """The persistent kernel's code-relevant description for one rProgram, and its tensors."""
+    kernel_of = {i: ops[i].kernels[selected[i]].payload for i in node_ids}
+    tensors = plan_tensors(graph, node_ids, kernel_of)
+    threads = max(e.kernel.threads for e in tensors.entries)
+    veu_threads = -(-threads // 32) * 32
+    spec = PersistentKernelSpec(name=name, tensors=tuple(tensors.slots),
+                                num_inputs=tensors.num_inputs, entries=tuple(tensors.entries),
+                                veu_threads=veu_threads, spin_limit=config.spin_limit)
+    return spec, tensors
+
+
+def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) -> BuiltRProgram:
+    """Code for one rProgram; re-placed when the compiled kernel's registers change its occupancy."""
+    node_ids = list(plan.ops)
+    spec, tensors = _spec_for(f"rammer_rprogram{k}", graph, node_ids, plan.selected,
+                              op_graph.ops, config)
+    registers = probe.registers(spec, target)
+    if registers is not None and vdevice.occupancy(spec.veu_threads, registers,
+                                                   spec.shared_bytes) != plan.veus_per_sm:
+        plan = rkernels.replace_plan(plan, op_graph, registers, vdevice, config)
+    plan.program.validate({op: op_graph.ops[op].kernels[plan.selected[op]].num_rtasks
+                           for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
+    # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
+    num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
+    table = encode_program(plan.program, tensors.dispatch, num_veus)
+    func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
+                                 instantiate, veus_per_sm=plan.veus_per_sm)
+    report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
+    first_wave = min(graph.levels()[i] for i in node_ids)
+    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report)
+
+
+def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
+    """``build_and_time(plan)``: the measured time (us) of a plan's persistent kernel (compile-time
+    profiling of whole rPrograms, paper 3.2), or None without a device."""
+    if not profiler.measures:
+        return None
+
+    def build_and_time(plan):
+        built = build_plan(0, plan, graph, op_graph, config, vdevice, ResourceProbe(False), target)
+        return profiler.device.time_kernel(built.func, built.fixed_args())
+
+    return build_and_time
+
+
+def _check_against_default(built: BuiltRProgram, op_graph, profiler, timer) -> dict | None:
+    """The fallback record when ``built`` is not faster than its operators as TVM's default kernels
+    (both measured), else None. Annotates ``built.report`` with both times."""
+    ops = op_graph.ops
+    default_us = profiler.default_time([getattr(ops[i], "reference_key", None) for i in built.nodes])
+    measure = None if timer is None else (
+        lambda: profiler.device.time_kernel(built.func, built.fixed_args()))
+    rammer_us, source = profiler.rprogram_time(plan_key(built.plan, op_graph), measure, force=True)
+    built.report.update(measured_us=rammer_us, default_us=default_us, measured_source=source)
+    if rammer_us is None or default_us is None or rammer_us < default_us:
+        return None
+    return {"kernel": built.spec.name, "operators": [ops[i].name for i in built.nodes],
+            "rammer_us": rammer_us, "default_us": default_us,
+            "reason": f"rProgram measured {rammer_us:.1f} us, not faster than TVM's default kernels "
+                      f"({default_us:.1f} us): its operators stay TVM's default kernels"}
+
+
+def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: RammerConfig,
+                    profiler: Profiler, vdevice=None) -> BackendResult:
+    """The rPrograms of ``graph`` (see the module docstring)."""
+    vdevice = vdevice or rkernels.vdevice_for(target, config)
+    ops, skipped = collect_operators(graph, mod, target, config, vdevice, profiler)
+    if not ops:
+        return BackendResult([], skipped)
+    op_graph = op_graph_of(graph, ops, skipped)
+    timer = _plan_timer(graph, op_graph, config, vdevice, target, profiler)
+    profile = profiler.plan_profile(op_graph, timer) if (timer or profiler.sources) else None
+    plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice), profile)
+    probe = ResourceProbe(enabled=config.measure_resources)
+    built, fallbacks = [], []
+    for k, plan in enumerate(plans):
+        one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
+        fallback = _check_against_default(one, op_graph, profiler, timer)
+        if fallback is None:
+            built.append(one)
+            continue
+        LOG.warning("tvm-rammer: %s", fallback["reason"])
+        fallbacks.append(fallback)
+        for i in one.nodes:
+            skipped[i] = f"in {one.spec.name}, which was slower than TVM's default kernels"
+    profiler.flush()
+    return BackendResult(built, skipped, fallbacks, ops)
+
+
+# --- the module pass ----------------------------------------------------------------------------
+
+def make_profiler(target, config: RammerConfig, device=None) -> Profiler:
+    """The default profiler of a compilation (see ``RammerConfig.profile``/``profile_db``): the
+    per-user cache or ``profile_db``, and the local GPU when it has the target's arch."""
+    import os
+
+    from .gpu import local_gpu
+    from .target import same_arch
+    from .tuning.measure import CudaDevice
+    from .tuning.profile_db import (JsonProfileDB, default_cache_path, open_profile_db,
+                                    shipped_profile_dbs)
+
+    arch = target_arch(target)
+    if not config.profile:
+        db = open_profile_db(config.profile_db, readonly=True) if config.profile_db else JsonProfileDB()
+        return Profiler(db, None, arch, rprogram_budget=0, progress=False)
+    if device is None:
+        gpu = local_gpu()
+        if gpu is not None and same_arch(gpu.id.arch, arch):
+            device = CudaDevice(gpu, target)
+        elif gpu is not None:
+            LOG.warning("tvm-rammer: the local GPU (%s, %s) is not the target's arch %s: nothing is "
+                        "measured", gpu.id.name, gpu.id.arch, arch)
+    if config.profile_db:
+        db = open_profile_db(config.profile_db)
+    else:  # the per-user cache: written with a device, read (when it exists) without one
+        path = default_cache_path()
+        try:
+            db = open_profile_db(path) if device is not None else (
+                open_profile_db(path, readonly=True) if os.path.exists(path) else JsonProfileDB())
+        except (OSError, ValueError) as err:
+            LOG.warning("tvm-rammer: profile cache %s unusable (%s); measuring into memory only",
+                        path, err)
+            db = JsonProfileDB()
+    return Profiler(db, device, arch, readonly=shipped_profile_dbs(),
+                    rprogram_budget=config.rprogram_profiles)
+
+
+def _with_default_kernels(mod: tvm.IRModule, graph: DataflowGraph, unplaced: dict, target):
+    """``mod`` where every PrimFunc called only by ordinary-kernel operators has TVM's default
+    (uncapped) schedule, as TVM's default pipeline would build it."""
+    stash = unscheduled_funcs(mod)
+    names = {graph.nodes[i].gvar.name_hint for i in unplaced if graph.nodes[i].gvar is not None}
+    if not names or not stash:
+        return mod
+    plain = plain_target(target)
+    updated = dict(mod.functions_items())
+    for gv in list(updated):
+        if gv.name_hint in names and gv.name_hint in stash:
+            default = schedule_like_default(stash[gv.name_hint], plain)
+            if default is not None:
+                updated[gv] = default
+    return tvm.IRModule(updated, attrs=mod.attrs)
+
+
+@tvm.transform.module_pass(opt_level=0, name="RammerBackend")
+class RammerBackend:
+    """Schedule ``main``'s operators into rPrograms and emit one persistent call_tir each.
+
+    Input: a Relax module after dlight (``main`` one dataflow block of call_tirs). Output: the same
+    module with each rProgram's operators replaced by one call_tir (``relay_passes``'
+    ``RammerGroupRPrograms``), its other operators TVM's default kernels, and the attributes
+    ``inspect`` reads (operators left out, rPrograms dropped for being slower). Needs a CUDA target
+    in scope. This is the back end, not a graph rewrite: it times kernels through ``profiler``.
+    """
+
+    def __init__(self, config: RammerConfig | None = None, profiler: Profiler | None = None):
+        self.config = config or RammerConfig()
+        self.profiler = profiler
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None or target.kind.name != "cuda":
+            raise ValueError("RammerBackend needs a CUDA target in scope "
+                             f"(got {target}); run it inside `with rammer_target(...)`")
+        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+            raise ValueError("the module has no Relax function 'main' to schedule")
+        try:
+            graph = DataflowGraph.from_function(mod["main"], mod)
+        except ValueError as err:  # control flow or several blocks: keep TVM's ordinary kernels
+            LOG.warning("tvm-rammer: main is left as ordinary kernels: %s", err)
+            return mod.with_attr(UNPLACED_ATTR, json.dumps([{"name": "main", "reason": str(err)}]))
+        profiler = self.profiler or make_profiler(target, self.config)
+        result = build_rprograms(graph, mod, target, self.config, profiler)
+        if not result.rprograms:
+            LOG.info("tvm-rammer: no rProgram; every operator stays TVM's default kernel")
+        mod = _with_default_kernels(mod, graph, result.unplaced, target)
+        mod = RammerGroupRPrograms([r.call() for r in result.rprograms])(mod)
+        unplaced = [{"name": graph.nodes[i].name, "reason": reason,
+                     "kernel": graph.nodes[i].gvar.name_hint if graph.nodes[i].gvar else None}
+                    for i, reason in result.unplaced.items()]
+        return mod.with_attrs({UNPLACED_ATTR: json.dumps(unplaced),
+                               FALLBACK_ATTR: json.dumps(result.fallbacks)})
