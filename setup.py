@@ -14,7 +14,9 @@ setup(
         "apache-tvm-ffi==0.1.14.post1",
         "numpy",
         "onnx",
+        "tqdm",
     ],
+    package_data={"tvm_rammer": ["profiles/*.json"]},
     extras_require={
         "test": ["pytest", "onnxruntime"],
         "bench": ["onnxruntime", "matplotlib"],

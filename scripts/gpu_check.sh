@@ -14,16 +14,50 @@ export TVM_CUDA_COMPILE_MODE="${TVM_CUDA_COMPILE_MODE:-nvcc}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
 
-python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 python3 -m tvm_rammer.cli demo 2>&1 | tee "$out/demo.log"
+
+# Profile databases for every model of the zoo at full size, one model at a time (so timings do not
+# disturb each other): every rKernel version checked and timed, every rProgram timed against TVM's
+# default kernels. Commit $out/profiles/<device>.json as tvm_rammer/profiles/<device>.json: CPU
+# compilations for this arch then choose kernels on these times.
+slug=$(python3 -c "import re; from tvm_rammer.gpu import local_gpu; \
+print(re.sub(r'[^a-z0-9]+', '-', local_gpu().id.name.lower()).strip('-'))")
+profiles="$out/profiles/$slug.json"
+mkdir -p "$out/profiles" "$out/inspect"
+[ -f "tvm_rammer/profiles/$slug.json" ] && cp "tvm_rammer/profiles/$slug.json" "$profiles"
+for model in ${PROFILE_MODELS:-$(python3 -c "from tvm_rammer.models import MODELS; print(*sorted(MODELS))")}; do
+  python3 -m tvm_rammer.cli model "$model" -o "$out/inspect/$model.onnx"
+  timeout "${PROFILE_TIMEOUT:-900}" python3 -m tvm_rammer.cli inspect "$out/inspect/$model.onnx" \
+    --profile-db "$profiles" --json > "$out/inspect/$model.json" 2> "$out/inspect/$model.err" \
+    || echo "profile $model: exit $?" | tee -a "$out/profile.log"
+  rm -f "$out/inspect/$model.onnx"
+done
+
 python3 -m tvm_rammer.cli model branches --param n=16 -o "$out/branches16.onnx"
-python3 -m tvm_rammer.cli run "$out/branches16.onnx" --json > "$out/branches16.json" 2> "$out/run.err"
-python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress 2>&1 | tee "$out/bench.log"
+python3 -m tvm_rammer.cli run "$out/branches16.onnx" --profile-db "$profiles" --json \
+  > "$out/branches16.json" 2> "$out/run.err"
+python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress --profile-db "$profiles" 2>&1 \
+  | tee "$out/bench.log"
 
 echo
 echo "== summary ($(cat "$out/device.txt" 2>/dev/null), commit $(cut -c1-8 "$out/commit.txt" 2>/dev/null))"
 echo "gpu tests: $(tail -n 1 "$out/gpu_tests.log")  (exit $tests_rc)"
+python3 - "$out/inspect" <<'PY'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        s = json.loads(path.read_text())
+    except Exception:
+        print(f"{path.stem}: no result"); continue
+    progs = s.get("programs", [])
+    meas = [p.get("measured_us") for p in progs]
+    dflt = [p.get("default_us") for p in progs]
+    print(f"{path.stem}: {s['rprograms']} rPrograms, launches {s['launches']} (default "
+          f"{s.get('default_launches')}), measured {meas} us vs TVM default kernels {dflt} us, "
+          f"{len(s.get('fallbacks', []))} fell back")
+PY
 python3 - "$out/branches16.json" <<'PY'
 import json, sys
 try:

@@ -16,16 +16,30 @@ import tvm
 from tir_templates.rtask_rewrite import instantiate
 
 from .codegen.persistent import PersistentKernelSpec, build_persistent_func
+from .target import target_arch
 
 LOG = logging.getLogger("tvm_rammer")
+
+
+def module_cuda_source(module) -> str:
+    """The CUDA C source of a built module's CUDA import. Which format name holds it depends on the
+    build (a source-only module here, a compiled one on a GPU machine): the first that does."""
+    device = module.imports[0]
+    for fmt in ("cu", "cuda", ""):
+        try:
+            source = str(device.inspect_source(fmt) if fmt else device.inspect_source())
+        except Exception:  # pylint: disable=broad-except  (a format this module does not keep)
+            continue
+        if "__global__" in source:
+            return source
+    raise ValueError("the built module keeps no CUDA source (set TVM_CUDA_COMPILE_MODE=nvcc?)")
 
 
 def cuda_source(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
     """The CUDA source TVM's full build generates for one PrimFunc (named by its global_symbol,
     "main" without one)."""
     name = str((func.attrs or {}).get("global_symbol", "main"))
-    module = tvm.tirx.build(tvm.IRModule({name: func}), target)
-    return str(module.imports[0].inspect_source())
+    return module_cuda_source(tvm.tirx.build(tvm.IRModule({name: func}), target))
 
 
 class ResourceProbe:
@@ -44,7 +58,7 @@ class ResourceProbe:
 
         func = build_persistent_func(spec, num_veus=1, table_len=16, with_barriers=True,
                                      instantiate=instantiate)
-        arch = str(target.attrs.get("arch", "sm_90a"))
+        arch = target_arch(target)
         try:
             usage = compile_cuda_resources(cuda_source(func, target), arch)
         except (RuntimeError, ValueError, OSError) as err:

@@ -84,9 +84,10 @@ def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool) 
     if resources:
         from tir_templates.cuda_resources import compile_cuda_resources
 
+        from ..resources import module_cuda_source
+
         try:
-            source = str(lib.imports[0].inspect_source("cu")) if lib.imports else ""
-            info.update(compile_cuda_resources(source, str(target.attrs["arch"])))
+            info.update(compile_cuda_resources(module_cuda_source(lib), str(target.attrs["arch"])))
         except Exception as err:  # pylint: disable=broad-except  (resources are optional)
             info["resources_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
     return info
