@@ -1,7 +1,9 @@
 """Shared pytest set-up: GPU tests skip cleanly without a CUDA device, nvcc tests without nvcc."""
 
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Hermetic profile cache: a compile in a test reads and writes a cache of this session only, never
+# the user's (whose records would change which kernels a test sees).
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tvm_rammer_test_cache_")
 
 
 from tvm_rammer.gpu import gpu_available  # noqa: E402  (after the path set-up above)

@@ -20,9 +20,11 @@ pass that runs this and hands the result to the Relax rewrite ``relay_passes.Ram
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +46,7 @@ from .policy import OpGraph, schedule
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .resources import ResourceProbe
 from .target import plain_target, rkernel_target, target_arch
+from .timings import TIMINGS_ATTR
 from .tuning.measure import KernelJob
 from .tuning.profiler import Profiler, plan_key
 from .tuning.versions import func_key, kernel_versions, unscheduled_funcs
@@ -99,6 +102,16 @@ class BackendResult:
     unplaced: dict
     fallbacks: list = field(default_factory=list)
     operators: dict = field(default_factory=dict)
+    phases: list = field(default_factory=list)  # (phase, seconds), in order
+
+
+@contextlib.contextmanager
+def _phase(phases: list, name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases.append((name, round(time.perf_counter() - start, 4)))
 
 
 # --- rOperators --------------------------------------------------------------------------------
@@ -215,7 +228,8 @@ def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, o
               config: RammerConfig):
     """The persistent kernel's code-relevant description for one rProgram, and its tensors."""
     kernel_of = {i: ops[i].kernels[selected[i]].payload for i in node_ids}
-    tensors = plan_tensors(graph, node_ids, kernel_of)
+    blocks_of = {i: ops[i].kernels[selected[i]].blocks_per_rtask for i in node_ids}
+    tensors = plan_tensors(graph, node_ids, kernel_of, blocks_of)
     threads = max(e.kernel.threads for e in tensors.entries)
     veu_threads = -(-threads // 32) * 32
     spec = PersistentKernelSpec(name=name, tensors=tuple(tensors.slots),
@@ -261,6 +275,8 @@ def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
 def _check_against_default(built: BuiltRProgram, op_graph, profiler, timer) -> dict | None:
     """The fallback record when ``built`` is not faster than its operators as TVM's default kernels
     (both measured), else None. Annotates ``built.report`` with both times."""
+    if not profiler.measures and not profiler.sources:
+        return None  # nothing measured and nothing to read: no time to compare
     ops = op_graph.ops
     default_us = profiler.default_time([getattr(ops[i], "reference_key", None) for i in built.nodes])
     measure = None if timer is None else (
@@ -278,19 +294,24 @@ def _check_against_default(built: BuiltRProgram, op_graph, profiler, timer) -> d
 def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: RammerConfig,
                     profiler: Profiler, vdevice=None) -> BackendResult:
     """The rPrograms of ``graph`` (see the module docstring)."""
+    phases: list = []
     vdevice = vdevice or rkernels.vdevice_for(target, config)
-    ops, skipped = collect_operators(graph, mod, target, config, vdevice, profiler)
+    with _phase(phases, "rOperators and versions"):
+        ops, skipped = collect_operators(graph, mod, target, config, vdevice, profiler)
     if not ops:
-        return BackendResult([], skipped)
+        return BackendResult([], skipped, phases=phases)
     op_graph = op_graph_of(graph, ops, skipped)
     timer = _plan_timer(graph, op_graph, config, vdevice, target, profiler)
     profile = profiler.plan_profile(op_graph, timer) if (timer or profiler.sources) else None
-    plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice), profile)
+    with _phase(phases, "policy (Algorithm 1)"):
+        plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice), profile)
     probe = ResourceProbe(enabled=config.measure_resources)
     built, fallbacks = [], []
     for k, plan in enumerate(plans):
-        one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
-        fallback = _check_against_default(one, op_graph, profiler, timer)
+        with _phase(phases, f"persistent kernel {k}"):
+            one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
+        with _phase(phases, f"check {k} against TVM default"):
+            fallback = _check_against_default(one, op_graph, profiler, timer)
         if fallback is None:
             built.append(one)
             continue
@@ -299,7 +320,7 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
         for i in one.nodes:
             skipped[i] = f"in {one.spec.name}, which was slower than TVM's default kernels"
     profiler.flush()
-    return BackendResult(built, skipped, fallbacks, ops)
+    return BackendResult(built, skipped, fallbacks, ops, phases)
 
 
 # --- the module pass ----------------------------------------------------------------------------
@@ -389,10 +410,14 @@ class RammerBackend:
         result = build_rprograms(graph, mod, target, self.config, profiler)
         if not result.rprograms:
             LOG.info("tvm-rammer: no rProgram; every operator stays TVM's default kernel")
-        mod = _with_default_kernels(mod, graph, result.unplaced, target)
-        mod = RammerGroupRPrograms([r.call() for r in result.rprograms])(mod)
+        phases = result.phases
+        with _phase(phases, "ordinary kernels: TVM default schedule"):
+            mod = _with_default_kernels(mod, graph, result.unplaced, target)
+        with _phase(phases, "Relax rewrite"):
+            mod = RammerGroupRPrograms([r.call() for r in result.rprograms])(mod)
         unplaced = [{"name": graph.nodes[i].name, "reason": reason,
                      "kernel": graph.nodes[i].gvar.name_hint if graph.nodes[i].gvar else None}
                     for i, reason in result.unplaced.items()]
         return mod.with_attrs({UNPLACED_ATTR: json.dumps(unplaced),
-                               FALLBACK_ATTR: json.dumps(result.fallbacks)})
+                               FALLBACK_ATTR: json.dumps(result.fallbacks),
+                               TIMINGS_ATTR: json.dumps(phases)})

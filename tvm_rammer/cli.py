@@ -44,19 +44,48 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--no-versions", action="store_true",
                    help="one rKernel per operator (the pipeline's dlight schedule)")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
+    p.add_argument("--timings", action="store_true",
+                   help="print the seconds each compilation phase took (to stderr)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on a terminal once a compilation takes > 2 s)")
+
+
+def _timed(args, run):
+    """``run()`` under the pipeline's progress bar and phase timer; prints the phases with
+    --timings. Returns (run's result, extra timing rows it may append to)."""
+    import tvm
+
+    from .timings import PipelineProgress, format_timings
+
+    progress = PipelineProgress(show=not args.no_progress and sys.stderr.isatty())
+    extra: list = []
+    with tvm.transform.PassContext(instruments=[progress]):
+        result = run(extra)
+    if args.timings:
+        print(format_timings(progress, extra), file=sys.stderr)
+    return result
 
 
 def cmd_compile(args) -> int:
+    import time
+
     from . import frontend
-    ex = frontend.compile(args.model, target=args.target, config=_config(args))
-    ex.export_library(args.output)
+
+    def run(extra):
+        ex = frontend.compile(args.model, target=args.target, config=_config(args))
+        start = time.perf_counter()
+        ex.export_library(args.output)
+        extra.append(("export_library (CUDA and host code)", time.perf_counter() - start))
+
+    _timed(args, run)
     print(f"wrote {args.output}")
     return 0
 
 
 def cmd_inspect(args) -> int:
     from . import inspection
-    summary = inspection.inspect_model(args.model, args.target, _config(args))
+    summary = _timed(args, lambda extra: inspection.inspect_model(
+        args.model, args.target, _config(args), timings=extra))
     if args.json:
         summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
         print(json.dumps(summary))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import tvm
 from tvm import relax
 
@@ -18,9 +20,14 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
         return relax.get_default_pipeline(plain)(mod)
 
 
-def inspect_model(model, target, config: RammerConfig | None = None, profiler=None) -> dict:
-    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
+def inspect_model(model, target, config: RammerConfig | None = None, profiler=None,
+                  timings: list | None = None) -> dict:
+    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize).
+    ``timings``: a list that gets ("TVM default pipeline", seconds) for the baseline's lowering."""
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
     rammer_mod = lower(mod, target, config, profiler)
+    start = time.perf_counter()
     default_mod = lower_default(mod, target)
+    if timings is not None:
+        timings.append(("TVM default pipeline (baseline)", time.perf_counter() - start))
     return summarize(rammer_mod, default_mod)

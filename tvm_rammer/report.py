@@ -79,8 +79,10 @@ def format_schedule(summary: dict) -> str:
                 f" (TVM default kernels: {report['default_us']:.1f} us)"
                 if report.get("default_us") is not None else ""))
         for op in report["operators"]:
+            coarse = op.get("blocks_per_rtask", 1)
             lines.append(f"      {op['name']:<40} {op['rtasks']:>5} rTasks x {op['threads']:>4} thr"
-                         f"  ({op['version']}: {op['reason']}, "
+                         + (f" of {coarse} blocks" if coarse > 1 else "")
+                         + f"  ({op['version']}: {op['reason']}, "
                          f"{op.get('time_source', 'analytical')} time)")
             for bad in op.get("dropped", []):
                 lines.append(f"          dropped {bad['version']}: {bad['reason']}")

@@ -104,6 +104,20 @@ class VersionedOperator(ROperator):
 
 
 PIPELINE_VERSION = "dlight"  # the rammer pipeline's own dlight schedule (tuning.versions)
+MAX_BLOCKS_PER_RTASK = 256
+MIN_COARSE_RTASKS = 16
+
+
+def coarsenings(blocks: int) -> list:
+    """Blocks per rTask offered for a kernel of ``blocks`` thread blocks: 1, then powers of two up
+    to ``MAX_BLOCKS_PER_RTASK`` while at least ``MIN_COARSE_RTASKS`` rTasks remain. The policy's
+    SelectRKernels weighs them like any rKernel: the same code, fewer rTasks to dispatch (each
+    costs ``per_rtask_overhead_us`` of table decoding and synchronisation), less balance."""
+    found, b = [1], 2
+    while b <= MAX_BLOCKS_PER_RTASK and -(-blocks // b) >= MIN_COARSE_RTASKS:
+        found.append(b)
+        b *= 2
+    return found
 
 
 def _trusted(record) -> bool:
@@ -117,8 +131,10 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     The rule (a choice that affects speed is made on measurements): when the pipeline's dlight
     version has a measured, valid record, every version with a measured, valid record is a
     candidate, timed by its record; versions measured wrong are dropped (``dropped``). Otherwise the
-    pipeline's dlight version is the only rKernel, timed by the analytical model: templates, other
-    tiles and tuning records are never chosen on a guess. Raises ``UnsupportedKernel`` when no
+    pipeline's dlight version is the only one, timed by the analytical model: templates, other
+    tiles and tuning records are never chosen on a guess. Each version is offered coarsened too
+    (:func:`coarsenings`): the same kernel code with several thread blocks per rTask. A measured
+    per-rTask time gets the cost model's dispatch overhead added (a kernel timed alone has none). Raises ``UnsupportedKernel`` when no
     version can run as rTasks, or when the dlight version itself was measured wrong.
     ``func`` is the operator's scheduled PrimFunc (for its FLOPs and bytes); each version's
     payload is its LoweredKernel, as for :func:`operator_from_kernel`."""
@@ -146,6 +162,7 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     for v in dropped:
         LOG.info("tvm-rammer: %s version %s dropped: %s", name, v["version"], v["reason"])
     flops, nbytes = flops_and_bytes(func)
+    overhead = cost_config(config, vdevice).per_rtask_overhead_us
     kernels, timings, estimates = [], [], []
     for i in keep:
         version, (record, source) = versions[i], records[i]
@@ -154,17 +171,20 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
         if _trusted(record):
             registers = record.get("registers")
             shared = max(lowered.shared_bytes, int(record.get("shared_bytes") or 0))
-            timing = Timing(rtask_time(record["kernel_us"], lowered.num_rtasks, lowered.threads,
-                                       registers, shared, vdevice), source, registers,
-                            record["kernel_us"])
+            body = rtask_time(record["kernel_us"], lowered.num_rtasks, lowered.threads, registers,
+                              shared, vdevice)
+            timing = Timing(body + overhead, source, registers, record["kernel_us"])
         else:
             timing = Timing(estimate, "analytical")
-        kernels.append(RKernel(name=f"{name}:{version.name}#{version.key[:8]}",
-                               num_rtasks=lowered.num_rtasks, threads=lowered.threads,
-                               registers=timing.registers, shared_bytes=lowered.shared_bytes,
-                               time_us=timing.rtask_us, source=version.source, payload=lowered))
-        timings.append(timing)
-        estimates.append(estimate)
+        for blocks in coarsenings(lowered.num_rtasks):
+            kernels.append(RKernel(
+                name=f"{name}:{version.name}#{version.key[:8]}" + (f"x{blocks}" if blocks > 1 else ""),
+                num_rtasks=-(-lowered.num_rtasks // blocks), threads=lowered.threads,
+                registers=timing.registers, shared_bytes=lowered.shared_bytes,
+                time_us=blocks * (timing.rtask_us - overhead) + overhead, source=version.source,
+                payload=lowered, blocks_per_rtask=blocks))
+            timings.append(timing)
+            estimates.append(blocks * (estimate - overhead) + overhead)
     return VersionedOperator(uid=uid, name=name, kernels=kernels, flops=flops, bytes=nbytes,
                              timing=timings, analytical_us=estimates, dropped=dropped,
                              reference_key=reference_key)
@@ -195,6 +215,7 @@ def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
     for op in plan.ops:
         kernel = ops[op].kernels[plan.selected[op]]
         entry = {"name": ops[op].name, "rtasks": kernel.num_rtasks,
+                 "blocks_per_rtask": kernel.blocks_per_rtask,
                  "threads": kernel.threads, "version": kernel.source,
                  "reason": plan.reason.get(op, "only"),
                  "time_us_per_rtask": round(kernel.time_us, 3)}

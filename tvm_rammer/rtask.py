@@ -42,6 +42,9 @@ class RKernel:
         time_us: estimated or profiled time of ONE rTask on a vEU (paper 3.2, profiler item 1).
         source: where the rKernel comes from: "dlight", "template", "metaschedule", ...
         payload: opaque handle to the lowered kernel for codegen; ignored by equality and hashing.
+        blocks_per_rtask: thread blocks of the lowered kernel one rTask runs one after the other
+            (rTask coarsening: the same kernel code, fewer and longer rTasks, so fewer rProgram
+            instructions to dispatch); ``num_rtasks`` is then ``ceil(blocks / blocks_per_rtask)``.
     """
 
     name: str
@@ -52,9 +55,11 @@ class RKernel:
     time_us: float
     source: str
     payload: object = field(default=None, compare=False, hash=False)
+    blocks_per_rtask: int = 1
 
     def __post_init__(self) -> None:
         _check_positive_int("RKernel", "num_rtasks", self.num_rtasks)
+        _check_positive_int("RKernel", "blocks_per_rtask", self.blocks_per_rtask)
         _check_positive_int("RKernel", "threads", self.threads)
         if self.registers is not None:
             _check_positive_int("RKernel", "registers", self.registers)

@@ -36,7 +36,6 @@ def register(sub, add_common, make_config):
                    help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-chart", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=lambda args: cmd_bench(args, make_config))
 
 

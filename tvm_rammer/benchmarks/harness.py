@@ -101,28 +101,25 @@ def device_info(gpu: bool) -> dict:
         return info
     import tvm
 
-    dev = tvm.cuda(0)
-    info.update(name=str(dev.device_name), compute_version=str(dev.compute_version),
-                multi_processor_count=int(dev.multi_processor_count))
+    from ..gpu import local_gpu
+
+    local = local_gpu()
+    dev = local.dev
+    info.update(name=local.id.name, compute_version=str(dev.compute_version),
+                multi_processor_count=int(dev.multi_processor_count),
+                driver_version=local.id.driver)
     try:
         info["cuda_runtime"] = str(tvm.support.libinfo().get("CUDA_VERSION") or "unknown")
     except Exception:  # libinfo is optional in some builds
         info["cuda_runtime"] = "unknown"
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                  "--format=csv,noheader"], capture_output=True, text=True,
-                                 timeout=20)
-            info["driver_version"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() \
-                else "unknown"
             out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20)
             for token in out.stdout.split("|"):
                 if "CUDA Version" in token:
                     info["cuda_driver_api"] = token.split("CUDA Version:")[-1].strip()
-        except (OSError, subprocess.SubprocessError, IndexError):
-            info.setdefault("driver_version", "unknown")
-    else:
-        info["driver_version"] = "unknown (no nvidia-smi)"
+        except (OSError, subprocess.SubprocessError):
+            pass
     return info
 
 

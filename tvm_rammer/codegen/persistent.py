@@ -79,10 +79,13 @@ class Binding:
 @dataclass(frozen=True)
 class DispatchEntry:
     """One kernel body of the rProgram: a lowered rKernel and where its parameters' tensors are.
-    Several operators may run through one entry (their arena offsets differ)."""
+    Several operators may run through one entry (their arena offsets differ). One rTask of the
+    entry runs ``blocks`` of the kernel's thread blocks in turn: rtask_id r covers blocks
+    ``r * blocks`` to ``r * blocks + blocks - 1`` (the last rTask stops at the kernel's grid)."""
 
     kernel: object  # tir_templates.prelower.LoweredKernel
     bindings: tuple  # Binding per kernel parameter
+    blocks: int = 1
 
     @property
     def num_offsets(self) -> int:
@@ -196,7 +199,14 @@ def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, p
                   else tirx.BufferLoad(table, [offsets_at + binding.table_pos]))
         data.append(holder)
         rebases.append((holder, buffers[binding.slot], offset))
-    stmt = instantiate(entry.kernel, data, rtask_id, tid, veu_threads, pool)
+    if entry.blocks == 1:
+        stmt = instantiate(entry.kernel, data, rtask_id, tid, veu_threads, pool)
+    else:  # a coarsened rTask: its blocks one after the other, the shared pool reused by each
+        j = tirx.Var("block_in_rtask", INT32)
+        block = rtask_id * entry.blocks + j
+        one = instantiate(entry.kernel, data, block, tid, veu_threads, pool)
+        stmt = tirx.For(j, 0, entry.blocks, tirx.ForKind.SERIAL, tirx.SeqStmt([
+            tirx.IfThenElse(_uniform(block < entry.kernel.num_rtasks), one, None), _sync()]))
     for holder, arena, offset in rebases:
         stmt = rebase(stmt, holder, arena, offset)
     return stmt

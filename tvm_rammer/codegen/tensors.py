@@ -69,8 +69,10 @@ def _split(groups, key):
     return out
 
 
-def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
-    """The TensorPlan of the rProgram made of ``node_ids``; ``kernel_of[op]`` is its LoweredKernel."""
+def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None = None) -> TensorPlan:
+    """The TensorPlan of the rProgram made of ``node_ids``; ``kernel_of[op]`` is its LoweredKernel,
+    ``blocks_of[op]`` the thread blocks one of its rTasks runs (default 1)."""
+    blocks_of = blocks_of or {}
     members = set(node_ids)
     visible = set(graph.outputs_used_outside(members))
     for i in node_ids:  # a tuple-output binding is re-emitted whole when any part is read outside
@@ -115,7 +117,7 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
     binds = {i: [*graph.nodes[i].inputs, *graph.nodes[i].outputs] for i in node_ids}
     by_kernel = {}
     for i in node_ids:
-        by_kernel.setdefault(id(kernel_of[i]), []).append(i)
+        by_kernel.setdefault((id(kernel_of[i]), blocks_of.get(i, 1)), []).append(i)
     groups = list(by_kernel.values())
     split = []
     for group in groups:
@@ -144,7 +146,7 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict) -> TensorPlan:
                 per_op[op].append(off // size)
         for op in group:
             dispatch[op] = (len(entries), tuple(per_op[op]))
-        entries.append(DispatchEntry(kernel, tuple(bindings)))
+        entries.append(DispatchEntry(kernel, tuple(bindings), blocks_of.get(group[0], 1)))
 
     blob = None
     if constants:
