@@ -18,9 +18,15 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
         return relax.get_default_pipeline(plain)(mod)
 
 
-def inspect_model(model, target, config: RammerConfig | None = None, profiler=None) -> dict:
-    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
+def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=None) -> tuple:
+    """``(summary, rammer-lowered module)``: :func:`inspect_model`'s dict and the module it read
+    (``timeline.schedules_of`` takes the predicted timeline from it)."""
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
     rammer_mod = lower(mod, target, config, profiler)
     default_mod = lower_default(mod, target)
-    return summarize(rammer_mod, default_mod)
+    return summarize(rammer_mod, default_mod), rammer_mod
+
+
+def inspect_model(model, target, config: RammerConfig | None = None, profiler=None) -> dict:
+    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
+    return inspect_lowered(model, target, config, profiler)[0]

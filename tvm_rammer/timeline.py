@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,13 +66,15 @@ class Slice:
 
 @dataclass(frozen=True)
 class Timeline:
-    """The slices of one rProgram's persistent kernel, ``source`` "predicted" or "measured"."""
+    """The slices of one rProgram's persistent kernel, ``source`` "predicted" or "measured";
+    ``ops`` is the schedule's operator table (uid -> name, version, rtasks, preds, ...)."""
 
     kernel: str
     source: str
     num_veus: int
     num_sms: int
     slices: tuple
+    ops: dict = field(default_factory=dict, compare=False)
 
     @property
     def start_us(self) -> float:
@@ -108,7 +110,8 @@ def schedule_of(index: int, kernel: str, plan, op_graph, num_veus: int, num_sms:
     for op in plan.ops:
         rkernel = op_graph.ops[op].kernels[plan.selected[op]]
         ops[str(op)] = {"name": op_graph.ops[op].name, "version": _version(rkernel),
-                        "kernel": str(rkernel.name), "rtask_us": float(rkernel.time_us),
+                        "kernel": str(rkernel.name), "rtasks": int(rkernel.num_rtasks),
+                        "rtask_us": float(rkernel.time_us),
                         "preds": [int(p) for p in op_graph.preds_of(op)]}
     return {"format": FORMAT, "index": int(index), "kernel": kernel, "num_veus": int(num_veus),
             "veus_per_sm": int(plan.veus_per_sm), "num_sms": int(num_sms),
@@ -186,7 +189,8 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
     if stuck:
         raise ValueError(f"{schedule['kernel']}: the waits of vEUs {stuck[:5]} never complete "
                          "(a cycle); the schedule is not a valid rProgram")
-    return Timeline(schedule["kernel"], "predicted", len(prog), num_sms, tuple(slices))
+    return Timeline(schedule["kernel"], "predicted", len(prog), num_sms, tuple(slices),
+                    schedule["ops"])
 
 
 def predict_all(schedules) -> list:
@@ -234,7 +238,7 @@ def decode(schedule: dict, buffer, t0_ns: int | None = None) -> Timeline:
             slices.append(make(schedule, veu, sm, order, item, (start - t0) / 1e3, (end - t0) / 1e3))
             i += 1
     return Timeline(schedule["kernel"], "measured", len(schedule["prog"]), schedule["num_sms"],
-                    tuple(slices))
+                    tuple(slices), schedule["ops"])
 
 
 def decode_all(schedules, buffers: dict) -> list:
