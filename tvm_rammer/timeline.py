@@ -20,7 +20,10 @@ To a profiler a persistent kernel is one long kernel. This module opens it:
 
 The writers (Perfetto JSON, PNG) are in :mod:`tvm_rammer.timeline_view`. Pure Python and NumPy.
 
-Where the predicted timeline cannot know: the SM a vEU lands on is the hardware block scheduler's
+Measured times are ``%globaltimer`` readings: the PTX ISA defines it as a global nanosecond timer
+(one clock for all SMs) but promises no update rate, so very short rTasks may show as zero-length
+slices; the instrumentation itself (two timer reads and three stores per instruction, by one
+thread) lengthens each instruction a little. Where the predicted timeline cannot know: the SM a vEU lands on is the hardware block scheduler's
 choice; predicted slices place vEU ``v`` on SM ``v mod num_sms`` (blocks spread across the SMs
 first), the measured ones say where it really ran.
 """

@@ -26,6 +26,7 @@ __all__ = ["trace_events", "write_trace", "plot", "write_png", "write", "output_
 _SOURCES = ("predicted", "measured")
 _LABELLED_ROWS = 64  # above this (or when labels would overlap), rows are labelled by SM group
 _LEGEND = 30  # operators named in the PNG's legend
+_WAITS_SHOWN = 32  # <vEU, order> pairs listed in a barrier-rTask slice's args (all are counted)
 
 
 def _slice_name(s) -> str:
@@ -62,8 +63,10 @@ def trace_events(timelines) -> dict:
             if s.kind == "rtask":
                 args.update(operator=s.name, op=s.op, rtask_id=s.rtask_id, version=s.version)
             else:
-                args.update(waits=[f"vEU {v} order {o}" for v, o in s.waits],
-                            wait_us=round(s.duration_us, 4))
+                shown = [f"vEU {v} order {o}" for v, o in s.waits[:_WAITS_SHOWN]]
+                if len(s.waits) > _WAITS_SHOWN:
+                    shown.append(f"... {len(s.waits) - _WAITS_SHOWN} more")
+                args.update(waits_on=len(s.waits), waits=shown, wait_us=round(s.duration_us, 4))
             events.append({"name": _slice_name(s), "cat": "rtask" if s.kind == "rtask" else "barrier",
                            "ph": "X", "ts": round(s.start_us, 4),
                            "dur": round(s.duration_us, 4), "pid": pid, "tid": tid, "args": args})
