@@ -18,8 +18,9 @@ setup(
     ],
     package_data={"tvm_rammer": ["profiles/*.json"]},
     extras_require={
-        "test": ["pytest", "onnxruntime"],
+        "test": ["pytest", "onnxruntime", "matplotlib"],
         "bench": ["onnxruntime", "matplotlib"],
+        "timeline": ["matplotlib"],  # the PNG of `--timeline` (the Perfetto JSON needs nothing)
         "torch": ["torch", "onnx2torch"],
     },
     entry_points={"console_scripts": ["tvm-rammer=tvm_rammer.cli:main"]},

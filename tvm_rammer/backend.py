@@ -37,7 +37,7 @@ from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
 from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 
-from . import rkernels
+from . import rkernels, timeline
 from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
                                  has_barriers)
 from .codegen.tensors import TensorPlan, plan_tensors
@@ -68,6 +68,7 @@ class BuiltRProgram:
     table: np.ndarray
     func: tvm.tirx.PrimFunc
     report: dict
+    schedule: dict | None = None  # timeline.schedule_of: what the timeline needs (inspect, run)
 
     def call(self) -> RProgramCall:
         """What the Relax rewrite needs to emit this rProgram."""
@@ -79,10 +80,24 @@ class BuiltRProgram:
         if self.tensors.arena_bytes:
             extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
         extra.append(relax.TensorType((self.func.attrs["rammer.num_veus"] + 1,), "int32"))
+        if self.spec.timeline:  # the instrumented build's per-run timeline buffer: last output
+            extra.append(relax.TensorType((int(self.func.attrs["rammer.timeline_words"]),), "int64"))
         func = self.func.with_attr(REPORT_ATTR, json.dumps(self.report))
+        if self.schedule is not None:
+            func = func.with_attr(timeline.SCHEDULE_ATTR, json.dumps(self.schedule))
         return RProgramCall(name=self.spec.name, func=func, nodes=tuple(self.nodes),
                             args=tuple(args), outputs=tuple(self.tensors.outputs),
                             extra_outputs=tuple(extra), level=self.first_wave)
+
+    def instrumented(self) -> "BuiltRProgram":
+        """The same rProgram with the timeline-instrumented persistent kernel (a separate build:
+        ``RammerConfig(timeline=True)``; every decision is made on the uninstrumented one)."""
+        num_veus = int(self.func.attrs["rammer.num_veus"])
+        spec = dataclasses.replace(self.spec, timeline=True)
+        func = build_persistent_func(spec, num_veus, len(self.table), has_barriers(self.table, num_veus),
+                                     instantiate, veus_per_sm=self.plan.veus_per_sm,
+                                     num_instructions=int(self.table[num_veus]))
+        return dataclasses.replace(self, spec=spec, func=func)
 
     def fixed_args(self) -> dict:
         """The kernel parameters whose contents matter for its time: the program table and the
@@ -256,7 +271,8 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
                                  instantiate, veus_per_sm=plan.veus_per_sm)
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     first_wave = min(graph.levels()[i] for i in node_ids)
-    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report)
+    schedule = timeline.schedule_of(k, spec.name, plan, op_graph, num_veus, vdevice.num_sms, config)
+    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report, schedule)
 
 
 def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
@@ -313,7 +329,7 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
         with _phase(phases, f"check {k} against TVM default"):
             fallback = _check_against_default(one, op_graph, profiler, timer)
         if fallback is None:
-            built.append(one)
+            built.append(one.instrumented() if config.timeline else one)
             continue
         LOG.warning("tvm-rammer: %s", fallback["reason"])
         fallbacks.append(fallback)

@@ -82,24 +82,73 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _timeline_shares(timelines, brief: bool) -> list:
+    """Per-rProgram busy / barrier-wait / idle shares for --json (per vEU unless --brief)."""
+    from .timeline import shares
+
+    found = [shares(t) for t in timelines]
+    return [{k: v for k, v in s.items() if k != "veus"} for s in found] if brief else found
+
+
+def _format_shares(timelines) -> str:
+    from .timeline import shares
+
+    lines = []
+    for t in timelines:
+        s = shares(t)
+        lines.append(f"  {t.source} {t.kernel}: {s['span_us']:.1f} us, vEUs busy {s['busy']:.0%}, "
+                     f"in barrier-rTasks {s['wait']:.0%}, idle {s['idle']:.0%}")
+    return "\n".join(lines)
+
+
+def _write_timeline(out: str, timelines, title: str) -> None:
+    from .timeline_view import write
+
+    paths = write(out, timelines, title)
+    print(f"tvm-rammer: wrote {paths[0]} (open it in ui.perfetto.dev) and {paths[1]}",
+          file=sys.stderr)
+
+
 def cmd_inspect(args) -> int:
     from . import inspection
-    summary = _timed(args, lambda extra: inspection.inspect_model(
+    summary, lowered = _timed(args, lambda extra: inspection.inspect_lowered(
         args.model, args.target, _config(args), timings=extra))
+    timelines = None
+    if args.timeline:
+        from .timeline import predict_all, schedules_of
+        timelines = predict_all(schedules_of(lowered))
+        _write_timeline(args.timeline, timelines, f"{args.model}: predicted timeline")
+        summary["timeline"] = _timeline_shares(timelines, args.brief)
     if args.json:
         summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
         print(json.dumps(summary))
     else:
         from .report import format_schedule
         print(format_schedule(summary))
+        if timelines:
+            print(_format_shares(timelines))
     return 0
 
 
 def cmd_run(args) -> int:
     from . import runner
-    result = runner.run_model(args.model, args.target, _config(args), runs=args.runs,
-                              seed=args.seed)
+    config = _config(args)
+    if args.record_in_context and not args.timeline:
+        raise ValueError("--record-in-context records what --timeline measures; add --timeline OUT")
+    result = runner.run_model(args.model, args.target, config, runs=args.runs, seed=args.seed)
+    timelines = None
+    if args.timeline:
+        found = runner.run_timeline(args.model, args.target, config, seed=args.seed)
+        timelines = found["predicted"] + found["measured"]
+        _write_timeline(args.timeline, timelines, f"{args.model}: predicted and measured timeline")
+        result["timeline"] = {"max_rel_err": found["max_rel_err"],
+                              "rprograms": _timeline_shares(timelines, False)}
+        if args.record_in_context:
+            result["timeline"]["in_context_records"] = runner.record_in_context(
+                found["measured"], found["schedules"], config)
     print(json.dumps(result, indent=1) if args.json else runner.format_result(result))
+    if timelines and not args.json:
+        print(_format_shares(timelines))
     return 0 if result["ok"] else 1
 
 
@@ -135,13 +184,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--brief", action="store_true",
                    help="with --json: leave out the per-rProgram details (operators, versions, "
-                        "why each version was chosen, predicted and profiled times)")
+                        "why each version was chosen, predicted and profiled times) and the "
+                        "per-vEU timeline shares")
+    p.add_argument("--timeline", metavar="OUT", default=None,
+                   help="write the predicted per-vEU timeline: OUT.json (Perfetto / Chrome trace) "
+                        "and OUT.png (needs matplotlib); --json gets per-vEU busy/wait/idle shares")
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("run", help="run on the GPU, compare with onnxruntime, time vs TVM default")
     _add_common(p)
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--timeline", metavar="OUT", default=None,
+                   help="also build the instrumented kernel, run it and write the measured and "
+                        "predicted per-vEU timelines: OUT.json (Perfetto) and OUT.png")
+    p.add_argument("--record-in-context", action="store_true",
+                   help="with --timeline: write the measured in-context rTask times to the profile "
+                        "database (--profile-db or the per-user cache), kind 'in_context'")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("demo", help="the main job: compile the bundled 16-branch model, print its "
                                     "schedule, run and check it when a GPU is present")
@@ -169,7 +228,7 @@ def main(argv=None) -> int:
                         format="%(message)s")
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
         print(f"tvm-rammer: error: {err}", file=sys.stderr)
         return 2
 

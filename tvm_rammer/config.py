@@ -45,6 +45,10 @@ class RammerConfig:
     tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
     versions: give each operator several rKernel versions (dlight variants, templates, tuning
         database) for SelectRKernels; False: the pipeline's dlight schedule only.
+    timeline: build the persistent kernels instrumented (``tvm_rammer.timeline``): each records
+        per rTask and barrier-rTask its vEU, SM, start and end into a per-run buffer, and ``main``
+        returns ``(its outputs, (one timeline buffer per rProgram, ...))``. A separate build for
+        looking inside the kernel; every choice is still made on the uninstrumented kernels.
     """
 
     max_rtask_threads: int = 256
@@ -64,6 +68,7 @@ class RammerConfig:
     rprogram_profiles: int = 32
     tuning_db: str | None = None
     versions: bool = True
+    timeline: bool = False
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

@@ -20,14 +20,21 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
         return relax.get_default_pipeline(plain)(mod)
 
 
-def inspect_model(model, target, config: RammerConfig | None = None, profiler=None,
-                  timings: list | None = None) -> dict:
-    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize).
-    ``timings``: a list that gets ("TVM default pipeline", seconds) for the baseline's lowering."""
+def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=None,
+                    timings: list | None = None) -> tuple:
+    """``(summary, rammer-lowered module)``: :func:`inspect_model`'s dict and the module it read
+    (``timeline.schedules_of`` takes the predicted timeline from it). ``timings``: a list that gets
+    ("TVM default pipeline", seconds) for the baseline's lowering."""
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
     rammer_mod = lower(mod, target, config, profiler)
     start = time.perf_counter()
     default_mod = lower_default(mod, target)
     if timings is not None:
         timings.append(("TVM default pipeline (baseline)", time.perf_counter() - start))
-    return summarize(rammer_mod, default_mod)
+    return summarize(rammer_mod, default_mod), rammer_mod
+
+
+def inspect_model(model, target, config: RammerConfig | None = None, profiler=None,
+                  timings: list | None = None) -> dict:
+    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
+    return inspect_lowered(model, target, config, profiler, timings)[0]

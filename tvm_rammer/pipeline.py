@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 
 from relay_passes.branch_fusion import BranchPreservingFusion
+from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_to_slices import SplitToSlices
 from tir_templates.default_schedule import default_schedule_pass
 
@@ -40,6 +41,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
     fusion = [BranchPreservingFusion()] if config.fusion else []
+    timeline = [ReturnTimelines()] if config.timeline else []
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
         SplitToSlices(),                               # one kernel per part: parts become rTasks
@@ -51,6 +53,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config), default_schedule_pass()),  # rKernels = dlight blocks
         _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
+        *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import tvm
@@ -95,6 +97,83 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
     results["speedup"] = results["default"]["latency_us"] / results["rammer"]["latency_us"]
     results["ok"] = results["rammer"]["max_rel_err"] <= tolerance
     return results
+
+
+# --- the timeline (RammerConfig(timeline=True), tvm_rammer.timeline) -----------------------------
+
+def build_timeline(mod: tvm.IRModule, target, config: RammerConfig | None = None) -> tuple:
+    """``(executable, schedules, kernel names)`` of the instrumented build (needs no GPU).
+
+    ``main`` of the executable returns ``(the model's outputs, (timeline buffer, ...))``, one
+    buffer per name of ``kernel names`` (``relay_passes.return_timelines``); ``schedules`` are the
+    rPrograms' ``timeline.schedules_of``, the predicted timeline and the key to decode the buffers.
+    """
+    from dataclasses import replace
+
+    from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
+
+    from . import timeline
+    from .frontend import lower
+
+    rammer = resolve_target(target)
+    lowered = lower(mod, rammer, replace(config or RammerConfig(), timeline=True))
+    schedules = timeline.schedules_of(lowered)
+    if not schedules:
+        raise ValueError("this model compiles to no rProgram (see `tvm-rammer inspect`): there is no "
+                         "persistent kernel to look inside")
+    attrs = lowered.attrs or {}
+    names = json.loads(str(attrs[TIMELINE_KERNELS_ATTR])) if TIMELINE_KERNELS_ATTR in attrs else []
+    executable = tvm.compile(lowered, target=rammer, relax_pipeline=None)  # lowered already
+    return executable, schedules, names
+
+
+def run_timeline(model, target, config: RammerConfig | None = None, seed: int = 0,
+                 warmup: int = 3) -> dict:
+    """Run the instrumented build once after ``warmup`` runs and decode what it recorded.
+
+    Returns ``measured`` and ``predicted`` (lists of ``timeline.Timeline``, one per rProgram),
+    ``schedules``, and ``max_rel_err`` of the instrumented run against onnxruntime."""
+    from . import timeline
+
+    if not gpu_available():
+        raise ValueError("no CUDA GPU is visible: the measured timeline needs one (not measured); "
+                         "`tvm-rammer inspect MODEL --timeline OUT` draws the predicted one")
+    proto = load_onnx(model)
+    feeds = random_inputs(proto, seed)
+    names = [v.name for v in proto.graph.input if v.name in feeds]
+    executable, schedules, kernels = build_timeline(import_onnx(proto), target, config)
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(feeds[n], dev) for n in names]
+    for _ in range(warmup):
+        _launch(vm, args)
+    outputs, buffers = _launch(vm, args)
+    buffers = {name: buffer.numpy() for name, buffer in zip(kernels, buffers)}
+    errs = [relative_error(o, r) for o, r in zip(_flatten(outputs), onnx_reference(proto, feeds))]
+    return {"measured": timeline.decode_all(schedules, buffers),
+            "predicted": timeline.predict_all(schedules), "schedules": schedules,
+            "max_rel_err": max(errs) if errs else 0.0}
+
+
+def record_in_context(measured, schedules, config: RammerConfig | None = None) -> int:
+    """Write the measured in-context rTask times (``timeline.in_context_records``) to the profile
+    database (``config.profile_db``, else the per-user cache) as kind "in_context", for the local
+    GPU; returns how many records were written."""
+    from . import timeline
+    from .gpu import local_gpu
+    from .tuning.profile_db import default_cache_path, open_profile_db
+
+    gpu = local_gpu()
+    if gpu is None:
+        raise ValueError("no CUDA GPU is visible: in-context times are recorded for the GPU they "
+                         "were measured on")
+    records = timeline.in_context_records(measured, schedules)
+    db = open_profile_db((config.profile_db if config else None) or default_cache_path())
+    try:
+        db.put_many([("in_context", key, gpu.id, record) for key, record in records.items()])
+    finally:
+        db.close()
+    return len(records)
 
 
 def format_result(result: dict) -> str:

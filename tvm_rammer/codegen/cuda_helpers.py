@@ -55,3 +55,36 @@ __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int
   }
 }
 """
+
+# --- timeline instrumentation (RammerConfig(timeline=True) only; see tvm_rammer.timeline) ----------
+# Per instruction of a vEU, its first thread records (start, end, SM) in ns of %globaltimer, the
+# GPU's global nanosecond timer (one clock for all SMs, so slices of different vEUs compare). The
+# end is read after the instruction's __syncthreads and before its step is published, so a waiting
+# vEU can never start before the rTask it waited for has recorded its end.
+
+TIMER_NAME = "rammer_globaltimer"
+RECORD_NAME = "rammer_record"
+TIMELINE_WORDS = 3  # int64 words per instruction: start ns, end ns, SM id
+
+TIMER_SOURCE = r"""
+__device__ __forceinline__ int64_t rammer_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+  return (int64_t)t;
+}
+"""
+
+RECORD_SOURCE = r"""
+__device__ __forceinline__ void rammer_record(int64_t* __restrict__ timeline, int index,
+                                             int64_t start) {
+  // caller: thread 0, after the instruction's __syncthreads, before it publishes its step
+  unsigned long long end;
+  unsigned int sm;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end) :: "memory");
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  int64_t* slot = timeline + 3 * (int64_t)index;
+  slot[0] = start;
+  slot[1] = (int64_t)end;
+  slot[2] = (int64_t)sm;
+}
+"""

@@ -15,7 +15,11 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   one cooperative-groups grid sync follows, so no state is shared between runs and two concurrent
   runs of one module cannot interfere; rPrograms without barrier-rTasks skip this prologue;
 * cooperative launch (``tirx.kernel_launch_params``): a grid whose vEUs cannot all be co-resident
-  fails at launch with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE instead of hanging.
+  fails at launch with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE instead of hanging;
+* instrumented build (``PersistentKernelSpec.timeline``, a separate kernel: the normal one has none
+  of this): one more output parameter ``int64[num_instructions * 3]`` after the step state; the
+  first thread of a vEU writes (start ns, end ns, SM id) of instruction ``i`` (table order) at
+  ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.timeline``).
 
 Operators that share one rKernel share one kernel body ("dispatch entry"): the tensors in which
 they differ live in an arena (the rProgram's intermediates in one uint8 work buffer, its constants in
@@ -102,6 +106,7 @@ class PersistentKernelSpec:
     entries: tuple  # DispatchEntry; dispatch index k <-> instruction kind k + 1
     veu_threads: int
     spin_limit: int = 1 << 26
+    timeline: bool = False  # instrumented build: per-instruction start/end/SM (module docstring)
 
     def __post_init__(self):
         if not self.entries:
@@ -214,7 +219,8 @@ def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, p
 
 def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
                           with_barriers: bool, instantiate: Callable,
-                          veus_per_sm: int | None = None) -> tirx.PrimFunc:
+                          veus_per_sm: int | None = None,
+                          num_instructions: int | None = None) -> tirx.PrimFunc:
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
     Parameters: the input tensors, the program table, the output tensors, the step state
@@ -222,7 +228,11 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
     ``__launch_bounds__(veu_threads, veus_per_sm)``: nvcc then keeps the registers low enough for
     that many vEUs to be resident on every SM, which the cooperative launch relies on.
+    With ``spec.timeline`` the timeline buffer (``int64[num_instructions * 3]``) is the last
+    parameter; ``num_instructions`` (the table's ``offsets[num_veus]``) is then required.
     """
+    if spec.timeline and not num_instructions:
+        raise ValueError(f"{spec.name}: an instrumented (timeline) kernel needs num_instructions")
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
     state = tirx.decl_buffer((num_veus + 1,), INT32, name="rammer_state")
@@ -236,25 +246,36 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     kind, arg_a, arg_b, arg_c = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b", "arg_c"))
     start = tirx.BufferLoad(table, [veu])
     inst = num_veus + 1 + (start + pc) * INST_WORDS
+    timeline = record = None
+    if spec.timeline:
+        timeline = tirx.decl_buffer((num_instructions * cuda_helpers.TIMELINE_WORDS,), "int64",
+                                    name="rammer_timeline")
+        began = tirx.Var("began", "int64")
+        record = tirx.IfThenElse(tid == 0, tirx.Evaluate(cuda_op.cuda_func_call(
+            cuda_helpers.RECORD_NAME, _ptr(timeline), start + pc, began,
+            source_code=cuda_helpers.RECORD_SOURCE)), None)
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
         tirx.Evaluate(cuda_op.cuda_func_call(
             cuda_helpers.WAIT_NAME, _ptr(table), _ptr(state), arg_a, arg_b,
             tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32),
             tirx.const(spec.spin_limit, "int64"), source_code=cuda_helpers.WAIT_SOURCE)),
-        _sync()]), None)]
+        _sync(), *([record] if record else [])]), None)]
     for k, entry in enumerate(spec.entries):
         rtask = _entry_body(entry, buffers, table, arg_a, arg_c, tid, spec.veu_threads, pool,
                             instantiate)
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
             cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
-        cases.append(tirx.IfThenElse(_uniform(kind == k + 1),
-                                     tirx.SeqStmt([rtask, _sync(), signal]), None))
+        cases.append(tirx.IfThenElse(_uniform(kind == k + 1), tirx.SeqStmt(
+            [rtask, _sync(), *([record] if record else []), signal]), None))
     loop = tirx.For(pc, 0, tirx.BufferLoad(table, [veu + 1]) - start, tirx.ForKind.SERIAL,
                     tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(table, [inst])),
                                   tirx.Bind(arg_a, tirx.BufferLoad(table, [inst + 1])),
                                   tirx.Bind(arg_b, tirx.BufferLoad(table, [inst + 2])),
                                   tirx.Bind(arg_c, tirx.BufferLoad(table, [inst + 3])),
+                                  *([tirx.Bind(began, cuda_op.cuda_func_call(
+                                      cuda_helpers.TIMER_NAME, source_code=cuda_helpers.TIMER_SOURCE,
+                                      return_type="int64"))] if record else []),
                                   *cases]))
     stmts = [tirx.AllocBuffer(pool)] if pool is not None else []
     if with_barriers:
@@ -273,8 +294,9 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                          "thread_extent", num_veus, body)
     inputs = buffers[: spec.num_inputs]
     outputs = buffers[spec.num_inputs:]
-    func = tirx.PrimFunc([*inputs, table, *outputs, state], body)
-    return func.with_attrs({
+    extra = [timeline] if timeline is not None else []
+    func = tirx.PrimFunc([*inputs, table, *outputs, state, *extra], body)
+    func = func.with_attrs({
         "global_symbol": spec.name,
         "tirx.noalias": True,
         "tirx.is_scheduled": True,
@@ -283,3 +305,6 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         "rammer.num_veus": num_veus,
         "rammer.veu_threads": spec.veu_threads,
     })
+    if timeline is not None:
+        func = func.with_attr("rammer.timeline_words", num_instructions * cuda_helpers.TIMELINE_WORDS)
+    return func

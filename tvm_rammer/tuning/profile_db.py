@@ -5,8 +5,11 @@ and 3) an rProgram's time. Measuring needs the GPU; a database keeps the results
 compilation of the same model measures nothing and a machine without a GPU can reuse them.
 
 Records are keyed by ``(kind, key, device)``: ``kind`` is "kernel" (one rKernel version: its
-structural hash, ``tuning.versions.func_key``), "rprogram" (a placed rProgram) or "default" (the
-same operators as TVM's default kernels); ``device`` is ``gpu.DeviceId.key`` (name, arch, driver).
+structural hash, ``tuning.versions.func_key``), "rprogram" (a placed rProgram), "default" (the
+same operators as TVM's default kernels) or "in_context" (an rKernel's rTask times as measured
+inside a persistent kernel by ``tvm-rammer run --timeline --record-in-context``, keyed by the rKernel's
+name ``op:version#hash``; marked ``"in_context": true``; written on request only, read by nothing
+in the compiler yet); ``device`` is ``gpu.DeviceId.key`` (name, arch, driver).
 A record is a JSON object; a kernel record holds ``kernel_us``, ``registers``, ``shared_bytes``,
 ``valid`` (its outputs matched TVM's default kernel for the operator) and ``error``.
 
@@ -35,7 +38,7 @@ __all__ = ["FORMAT", "KINDS", "JsonProfileDB", "SqliteProfileDB", "open_profile_
            "default_cache_path", "shipped_profile_dbs", "SHIPPED_DIR"]
 
 FORMAT = "tvm-rammer-profile-db/2"
-KINDS = ("kernel", "rprogram", "default")
+KINDS = ("kernel", "rprogram", "default", "in_context")
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
 
