@@ -22,8 +22,8 @@ def decode(table, num_veus, offsets_len=0):
             kind, a, b, c = table[base + INST_WORDS * i: base + INST_WORDS * (i + 1)]
             if kind == BARRIER_KIND:
                 items.append(("wait", [tuple(table[a + 2 * j: a + 2 * j + 2]) for j in range(b)]))
-            elif offsets_len:
-                items.append(("task", int(kind), int(a), int(b), tuple(table[c: c + offsets_len])))
+            elif offsets_len:  # the operator's record: its counter, then its arena offsets
+                items.append(("task", int(kind), int(a), int(b), tuple(table[c + 1: c + 1 + offsets_len])))
             else:
                 items.append(("task", int(kind), int(a), int(b)))
         prog.append(items)
@@ -132,5 +132,31 @@ def test_identical_wait_lists_are_stored_once():
     prog = decode(table, 5)
     waits = [item for items in prog for item in items if item[0] == "wait"]
     assert waits == [("wait", [(0, 1), (1, 1), (2, 1)])] * 2
-    pairs_stored = (len(table) - 6 - INST_WORDS * sum(len(items) for items in prog)) // 2
+    records = 2  # one per operator: its counter (-1: none), no arena offsets
+    pairs_stored = (len(table) - 6 - INST_WORDS * sum(len(items) for items in prog) - records) // 2
     assert pairs_stored == 3
+
+
+def test_operator_waits_become_counter_pairs_and_counted_operators_carry_their_counter():
+    from tvm_rammer.codegen.persistent import num_counters
+
+    p = RProgram(3)
+    for v in range(3):
+        p.append(RTask(0, v), v)
+    for v in range(3):
+        p.wait_for_ops(RTask(1, v), {0: 3})
+        p.append(RTask(1, v), v)
+    table = encode_program(p, _plain({0: 0, 1: 1}))
+    assert num_counters(p) == 1
+    prog = decode(table, 3)
+    waits = [item for items in prog for item in items if item[0] == "wait"]
+    assert waits == [("wait", [(-1, 3)])] * 3  # counter 0 must reach op 0's 3 rTasks
+    base = 4 + INST_WORDS * sum(len(items) for items in prog)
+    counters = {}
+    for v in range(3):
+        for i in range(table[v], table[v + 1]):
+            kind, _, _, c = table[4 + INST_WORDS * i: 4 + INST_WORDS * (i + 1)]
+            if kind:
+                counters[int(kind) - 1] = int(table[c])
+    assert counters == {0: 0, 1: -1}  # op 0 counts its rTasks, op 1 does not
+    assert base + 2 + 2 == len(table)  # one stored pair, two one-word records

@@ -29,15 +29,19 @@ def chain_graph(*ops_per_wave, preds=None, split_before=()):
 
 def global_order(prog):
     """Run the program naively; return the step at which each (vEU, order) runs. Fails on deadlock."""
-    pos, done, step, seq = [0] * len(prog), set(), 0, {}
+    pos, done, step, seq, finished = [0] * len(prog), set(), 0, {}, {}
     progress = True
     while progress:
         progress = False
         for veu, items in enumerate(prog):
             while pos[veu] < len(items):
                 item = items[pos[veu]]
-                if isinstance(item, BarrierRTask) and not all(w in done for w in item.waits):
+                if isinstance(item, BarrierRTask) and not (
+                        all(w in done for w in item.waits)
+                        and all(finished.get(op, 0) >= count for op, count in item.ops)):
                     break
+                if isinstance(item, RTask):
+                    finished[item.op] = finished.get(item.op, 0) + 1
                 seq[(veu, pos[veu])] = step
                 done.add((veu, pos[veu]))
                 step, pos[veu], progress = step + 1, pos[veu] + 1, True
@@ -204,10 +208,20 @@ def test_merge_rule_merges_small_waves_with_default_costs():
     plan.program.validate({0: 132, 1: 132}, {1: [0]})
 
 
-def test_all_to_all_dependency_over_the_wait_limit_starts_a_new_rprogram():
-    # 132 consumer vEUs x 132 producer vEUs = 17,424 wait entries.
-    assert len(schedule(two_dependent_waves(), H100, PolicyConfig(max_waits_per_op=17424))) == 1
-    assert len(schedule(two_dependent_waves(), H100, PolicyConfig(max_waits_per_op=17423, merge="always"))) == 2
+def test_an_all_to_all_dependency_is_one_operator_wait_per_consumer_veu():
+    """132 consumer vEUs waiting for a producer on 132 vEUs: one operator-completion wait each (132
+    entries), not 132 x 132 positions; over the wait limit the consumer starts a new rProgram."""
+    (plan,) = schedule(two_dependent_waves(), H100, PolicyConfig(max_waits_per_op=132))
+    barriers = [i for items in plan.program.prog for i in items if isinstance(i, BarrierRTask)]
+    assert len(barriers) == 132 and all(not b.waits and len(b.ops) == 1 for b in barriers)
+    assert len(schedule(two_dependent_waves(), H100, PolicyConfig(max_waits_per_op=131, merge="always"))) == 2
+
+
+def test_a_predecessor_on_few_veus_is_waited_for_at_its_positions():
+    few = chain_graph([(0, [kernel(4, 1.0)])], [(1, [kernel(132, 1.0)])], preds={1: [0]})
+    (plan,) = schedule(few, H100, PolicyConfig(merge="always"))
+    barriers = [i for items in plan.program.prog for i in items if isinstance(i, BarrierRTask)]
+    assert barriers and all(not b.ops and 1 <= len(b.waits) <= 4 for b in barriers)
 
 
 def test_merge_modes_and_split_points():

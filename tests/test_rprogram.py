@@ -98,7 +98,7 @@ def test_interface_misuse_is_rejected():
 def test_to_dict_is_json_able():
     summary = figure9().to_dict()
     assert json.loads(json.dumps(summary)) == summary
-    assert summary["prog"][0][2] == ["barrier", [[1, 3]]]
+    assert summary["prog"][0][2] == ["barrier", [[1, 3]], []]
     assert summary["num_rtasks"] == 8
 
 
@@ -198,3 +198,56 @@ def test_validate_is_linear_on_a_large_program():
             program.append(task, veu)
     assert program.num_barriers > 0
     program.validate({op: 5000 for op in range(20)}, {op: [op - 1] for op in range(1, 20)})
+
+
+# whole-operator waits (one completion counter instead of one position per vEU)
+def _spread(num_veus=4, producers=8, consumers=4):
+    """Op 0 spread over every vEU, op 1 after it on every vEU, waiting for op 0 whole."""
+    program = RProgram(num_veus)
+    for i in range(producers):
+        program.append(RTask(0, i), i % num_veus)
+    for i in range(consumers):
+        task = RTask(1, i)
+        program.wait_for_ops(task, {0: producers})
+        program.append(task, i % num_veus)
+    return program
+
+
+def test_an_operator_wait_is_one_barrier_entry_per_vEU_and_validates():
+    program = _spread()
+    barriers = [item for items in program.prog for item in items if isinstance(item, BarrierRTask)]
+    assert [b.ops for b in barriers] == [((0, 8),)] * 4 and all(not b.waits for b in barriers)
+    assert program.awaited_ops() == [0] and program.awaited() == set()
+    program.validate({0: 8, 1: 4}, {1: [0]})
+
+
+def test_a_vEU_waits_for_an_operator_once():
+    program = RProgram(2)
+    program.append(RTask(0, 0), 0)
+    program.append(RTask(0, 1), 1)
+    for i in range(3):
+        task = RTask(1, i)
+        program.wait_for_ops(task, {0: 2})
+        program.append(task, 0)
+    assert program.num_barriers == 1
+    program.validate({0: 2, 1: 3}, {1: [0]})
+
+
+def test_operator_waits_with_a_wrong_count_or_a_cycle_are_rejected():
+    wrong = RProgram.from_lists([[RTask(0, 0), BarrierRTask((), ((0, 3),)), RTask(1, 0)],
+                                 [RTask(0, 1)]])
+    with pytest.raises(ScheduleError, match="waits for 3 rTasks of op 0, which has 2"):
+        wrong.validate({0: 2, 1: 1}, {1: [0]})
+    cycle = RProgram.from_lists([[BarrierRTask((), ((1, 1),)), RTask(0, 0)],
+                                 [BarrierRTask((), ((0, 1),)), RTask(1, 0)]])
+    with pytest.raises(ScheduleError, match="deadlock.*op 1"):
+        cycle.validate({0: 1, 1: 1}, {})
+    with pytest.raises(ValueError, match="its own operator"):
+        RProgram(1).wait_for_ops(RTask(0, 0), {0: 1})
+
+
+def test_an_operator_wait_does_not_cover_another_operator():
+    program = RProgram.from_lists([[RTask(0, 0), RTask(2, 0)],
+                                   [RTask(1, 0), BarrierRTask((), ((0, 1),)), RTask(3, 0)]])
+    with pytest.raises(ScheduleError, match="uncovered dependency op 2 -> op 3"):
+        program.validate({0: 1, 1: 1, 2: 1, 3: 1}, {3: [0, 2]})

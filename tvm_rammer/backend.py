@@ -39,7 +39,7 @@ from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 
 from . import rkernels, timeline
 from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
-                                 has_barriers)
+                                 has_barriers, num_counters)
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
 from .policy import OpGraph, schedule
@@ -79,7 +79,7 @@ class BuiltRProgram:
         extra = []
         if self.tensors.arena_bytes:
             extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
-        extra.append(relax.TensorType((self.func.attrs["rammer.num_veus"] + 1,), "int32"))
+        extra.append(relax.TensorType((int(self.func.attrs["rammer.state_words"]),), "int32"))
         if self.spec.timeline:  # the instrumented build's per-run timeline buffer: last output
             extra.append(relax.TensorType((int(self.func.attrs["rammer.timeline_words"]),), "int64"))
         func = self.func.with_attr(REPORT_ATTR, json.dumps(self.report))
@@ -96,7 +96,8 @@ class BuiltRProgram:
         spec = dataclasses.replace(self.spec, timeline=True)
         func = build_persistent_func(spec, num_veus, len(self.table), has_barriers(self.table, num_veus),
                                      instantiate, veus_per_sm=self.plan.veus_per_sm,
-                                     num_instructions=int(self.table[num_veus]))
+                                     num_instructions=int(self.table[num_veus]),
+                                     counters=num_counters(self.plan.program))
         return dataclasses.replace(self, spec=spec, func=func)
 
     def fixed_args(self) -> dict:
@@ -268,7 +269,8 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
     table = encode_program(plan.program, tensors.dispatch, num_veus)
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
-                                 instantiate, veus_per_sm=plan.veus_per_sm)
+                                 instantiate, veus_per_sm=plan.veus_per_sm,
+                                 counters=num_counters(plan.program))
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     first_wave = min(graph.levels()[i] for i in node_ids)
     schedule = timeline.schedule_of(k, spec.name, plan, op_graph, num_veus, vdevice.num_sms, config)

@@ -289,8 +289,8 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
             has_waits = has_waits or bool(inside)
             veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us)
             if inside and config.max_waits_per_op is not None:
-                producers = set().union(*(veu_of[p] for p in inside))
-                if len(set(veus)) * len(producers) > config.max_waits_per_op:
+                entries = sum(_wait_entries(veu_of[p]) for p in inside)
+                if len(set(veus)) * entries > config.max_waits_per_op:
                     return None
             veu_of[op] = tuple(veus)
             op_finish[op] = max(free[v] for v in set(veus))
@@ -307,16 +307,37 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
     )
 
 
+OP_WAIT_MIN_VEUS = 4
+
+
+def _waits_whole(veus: Sequence[int]) -> bool:
+    """Whether a predecessor placed on ``veus`` is waited for whole (one operator-completion counter)
+    rather than at its last rTask on each of its vEUs: when it is spread over more than
+    ``OP_WAIT_MIN_VEUS`` vEUs (both mean "every rTask of it finished")."""
+    return len(set(veus)) > OP_WAIT_MIN_VEUS
+
+
+def _wait_entries(veus: Sequence[int]) -> int:
+    """Wait entries one barrier needs for a predecessor placed on ``veus``."""
+    return 1 if _waits_whole(veus) else len(set(veus))
+
+
 def materialize(plan: PartialPlan, graph: OpGraph, config: PolicyConfig, profile: Profile | None = None) -> RProgramPlan:
     """Build the plan's RProgram with Append and Wait (paper 3.3, Algorithm 1 lines 15-18).
 
     Each rTask waits for the last rTask of its predecessors on every vEU (Wait keeps only the last of
-    consecutive rTasks); only an operator's first rTask on a vEU calls Wait, as later ones follow it.
+    consecutive rTasks), or, for a predecessor spread over many vEUs, for the whole predecessor
+    (``RProgram.wait_for_ops``: one counter); only an operator's first rTask on a vEU waits, as later
+    ones follow it.
     """
     program = RProgram(plan.num_veus)
     for op in plan.ops:
         frontier: dict[int, tuple[int, RTask]] = {}
+        whole: dict[int, int] = {}
         for pred in graph.preds_of(op):
+            if pred in plan.veu_of and _waits_whole(plan.veu_of[pred]):
+                whole[pred] = len(plan.veu_of[pred])
+                continue
             for task in program.tasks_of(pred):
                 veu, order = program.location(task)
                 if veu not in frontier or frontier[veu][0] < order:
@@ -325,8 +346,11 @@ def materialize(plan: PartialPlan, graph: OpGraph, config: PolicyConfig, profile
         waited: set[int] = set()
         for rtask_id, veu in enumerate(plan.veu_of[op]):
             task = RTask(op, rtask_id)
-            if waits and veu not in waited:
-                program.wait(task, waits)
+            if (waits or whole) and veu not in waited:
+                if waits:
+                    program.wait(task, waits)
+                if whole:
+                    program.wait_for_ops(task, whole)
                 waited.add(veu)
             program.append(task, veu)
     cost = config.cost

@@ -10,6 +10,9 @@ rTask (Figure 9: vEU 0 runs Matmul 0 and 1 at orders 0 and 1, its barrier at ord
   awaited rTask of each vEU is kept (a vEU runs its rTasks in order, so waiting for the last one of
   several consecutive ones waits for all); an rTask on the vEU the task itself runs on needs no wait;
   and a position this vEU already waited for (or a later one on the same vEU) is not waited for again.
+- ``wait_for_ops(task, ops)`` makes it wait for every rTask of whole operators (one counter each in
+  the kernel instead of one position per vEU); an operator this vEU already waited for is not
+  waited for again. Both kinds of wait of one task share its one barrier-rTask.
 
 ``validate`` checks the invariants codegen relies on, in time linear in the program size.
 """
@@ -44,6 +47,8 @@ class RProgram:
         self._pending: dict[RTask, dict[int, int]] = {}
         # _waited[v][u] = highest order of vEU u that vEU v already waited for.
         self._waited: list[dict[int, int]] = [{} for _ in range(num_veus)]
+        self._pending_ops: dict[RTask, dict[int, int]] = {}
+        self._waited_ops: list[set[int]] = [set() for _ in range(num_veus)]
         self._tasks_of: dict[int, list[RTask]] = {}
 
     @classmethod
@@ -79,12 +84,26 @@ class RProgram:
             if pending.get(veu, -1) < order:
                 pending[veu] = order
 
+    def wait_for_ops(self, task: RTask, ops: Mapping[int, int]) -> None:
+        """Make ``task`` wait until every rTask of each operator in ``ops`` (uid -> its rTask count)
+        finished; materialised at ``append(task, ...)`` in the same barrier-rTask as ``wait``'s."""
+        if not isinstance(task, RTask):
+            raise TypeError(f"wait_for_ops() takes an RTask, got {task!r}")
+        if task in self._location:
+            raise ValueError(f"{task} is already appended at {self._location[task]}; wait before append()")
+        pending = self._pending_ops.setdefault(task, {})
+        for op, count in ops.items():
+            if op == task.op:
+                raise ValueError(f"{task} cannot wait for its own operator {op}")
+            pending[op] = count
+
     def append(self, task: Item, veu: int) -> int:
         """Append ``task`` to vEU ``veu``, preceded by one barrier-rTask for its pending waits; returns its order."""
         self._check_veu(veu)
         if isinstance(task, BarrierRTask):
             for other, order in task.waits:
                 self._note_waited(veu, other, order)
+            self._waited_ops[veu].update(op for op, _ in task.ops)
             self.prog[veu].append(task)
             return len(self.prog[veu]) - 1
         if not isinstance(task, RTask):
@@ -96,10 +115,14 @@ class RProgram:
         waits = tuple(
             (other, order) for other, order in sorted(pending.items()) if other != veu and seen.get(other, -1) < order
         )
-        if waits:
+        pending_ops = self._pending_ops.pop(task, {})
+        done_ops = self._waited_ops[veu]
+        ops = tuple((op, count) for op, count in sorted(pending_ops.items()) if op not in done_ops)
+        if waits or ops:
             for other, order in waits:
                 self._note_waited(veu, other, order)
-            self.prog[veu].append(BarrierRTask(waits))
+            done_ops.update(op for op, _ in ops)
+            self.prog[veu].append(BarrierRTask(waits, ops))
         order = len(self.prog[veu])
         self.prog[veu].append(task)
         self._location[task] = (veu, order)
@@ -129,6 +152,16 @@ class RProgram:
         """Positions some barrier-rTask waits for: codegen publishes completion only there."""
         return {pos for items in self.prog for item in items if isinstance(item, BarrierRTask) for pos in item.waits}
 
+    def awaited_ops(self) -> list[int]:
+        """Operators some barrier-rTask waits for whole (each gets a completion counter), in the
+        order of their first wait."""
+        found: dict[int, None] = {}
+        for items in self.prog:
+            for item in items:
+                if isinstance(item, BarrierRTask):
+                    found.update((op, None) for op, _ in item.ops)
+        return list(found)
+
     @property
     def num_barriers(self) -> int:
         return sum(isinstance(item, BarrierRTask) for items in self.prog for item in items)
@@ -138,11 +171,12 @@ class RProgram:
         return sum(isinstance(item, RTask) for items in self.prog for item in items)
 
     def to_dict(self) -> dict:
-        """JSON-able summary: ``prog`` as ``[["task", op, rtask_id] | ["barrier", [[vEU, order], ...]]]`` per vEU."""
+        """JSON-able summary: ``prog`` as ``[["task", op, rtask_id] | ["barrier", [[vEU, order], ...],
+        [[op, count], ...]]]`` per vEU."""
         def encode(item: Item) -> list:
             if isinstance(item, RTask):
                 return ["task", item.op, item.rtask_id]
-            return ["barrier", [list(pos) for pos in item.waits]]
+            return ["barrier", [list(pos) for pos in item.waits], [list(op) for op in item.ops]]
 
         return {
             "num_veus": self.num_veus,
@@ -162,7 +196,7 @@ class RProgram:
         predecessor operator happens before every rTask of its successor.
         """
         self._check_tasks(num_rtasks)
-        self._check_barriers()
+        self._check_barriers(num_rtasks)
         self._simulate(num_rtasks, preds)
 
     def _check_tasks(self, num_rtasks: Mapping[int, int]) -> None:
@@ -185,13 +219,18 @@ class RProgram:
             if missing:
                 raise ScheduleError(f"missing rTask(s) of op {op}: ids {missing[:10]}{'...' if len(missing) > 10 else ''}")
 
-    def _check_barriers(self) -> None:
+    def _check_barriers(self, num_rtasks: Mapping[int, int]) -> None:
         for veu, items in enumerate(self.prog):
             for order, item in enumerate(items):
                 if not isinstance(item, BarrierRTask):
                     continue
-                if not item.waits:
+                if not item.waits and not item.ops:
                     raise ScheduleError(f"barrier at (vEU {veu}, order {order}) waits for nothing")
+                for op, count in item.ops:
+                    if num_rtasks.get(op) != count:
+                        raise ScheduleError(
+                            f"barrier at (vEU {veu}, order {order}) waits for {count} rTasks of op {op}, "
+                            f"which has {num_rtasks.get(op, 'no rTask in this program')}")
                 for pos in item.waits:
                     other, at = pos
                     if not (0 <= other < self.num_veus and 0 <= at < len(self.prog[other])):
@@ -231,11 +270,24 @@ class RProgram:
                         uses[key] = uses.get(key, 0) + 1
         snapshots: dict[tuple[int, int], np.ndarray] = {}
         empty = np.full(num_veus, -1, dtype=np.int64)
+        # whole-operator waits: the clock that knows every rTask of the op finished, and how many did
+        awaited_ops = {op for items in self.prog for item in items
+                       if isinstance(item, BarrierRTask) for op, _ in item.ops}
+        op_clock = {op: empty.copy() for op in awaited_ops}
+        op_done = dict.fromkeys(awaited_ops, 0)
+        blocked_op: dict[int, list[int]] = {}
         clock = [empty] * num_veus
         pos = [0] * num_veus
         blocked: dict[tuple[int, int], list[int]] = {}
         unmet = [0] * num_veus
         ready = deque(range(num_veus))
+
+        def wake(waiters):
+            for waiter in waiters:
+                unmet[waiter] -= 1
+                if unmet[waiter] == 0:
+                    ready.append(waiter)
+
         while ready:
             veu = ready.popleft()
             items = self.prog[veu]
@@ -244,10 +296,13 @@ class RProgram:
                 item = items[order]
                 if isinstance(item, BarrierRTask):
                     missing = [(v, o) for v, o in item.waits if pos[v] <= o]
-                    if missing:
-                        unmet[veu] = len(missing)
+                    missing_ops = [op for op, count in item.ops if op_done[op] < count]
+                    if missing or missing_ops:
+                        unmet[veu] = len(missing) + len(missing_ops)
                         for key in missing:
                             blocked.setdefault(key, []).append(veu)
+                        for op in missing_ops:
+                            blocked_op.setdefault(op, []).append(veu)
                         break
                     merged = clock[veu].copy()
                     for key in item.waits:
@@ -256,20 +311,28 @@ class RProgram:
                         uses[key] -= 1
                         if not uses[key]:
                             del snapshots[key]
+                    for op, _ in item.ops:
+                        np.maximum(merged, op_clock[op], out=merged)
                     clock[veu] = merged
                 elif item.op in required and first[(item.op, veu)] == order:
                     self._check_dependency(item, veu, order, clock[veu], *required[item.op], last)
                 pos[veu] = order + 1
                 if (veu, order) in uses:
                     snapshots[(veu, order)] = clock[veu]
-                for waiter in blocked.pop((veu, order), ()):
-                    unmet[waiter] -= 1
-                    if unmet[waiter] == 0:
-                        ready.append(waiter)
+                if isinstance(item, RTask) and item.op in op_clock:
+                    known = op_clock[item.op]
+                    np.maximum(known, clock[veu], out=known)
+                    known[veu] = max(known[veu], order)
+                    op_done[item.op] += 1
+                    if op_done[item.op] == num_rtasks[item.op]:
+                        wake(blocked_op.pop(item.op, ()))
+                wake(blocked.pop((veu, order), ()))
         stuck = [v for v in range(num_veus) if pos[v] < len(self.prog[v])]
         if stuck:
             details = "; ".join(
-                f"vEU {v} at order {pos[v]} waits for {[w for w in self.prog[v][pos[v]].waits if pos[w[0]] <= w[1]]}"
+                f"vEU {v} at order {pos[v]} waits for "
+                f"{[w for w in self.prog[v][pos[v]].waits if pos[w[0]] <= w[1]]}"
+                f"{[f'op {op}' for op, n in self.prog[v][pos[v]].ops if op_done[op] < n]}"
                 for v in stuck[:5]
             )
             raise ScheduleError(f"deadlock: the waits form a cycle, {len(stuck)} vEU(s) never finish: {details}")

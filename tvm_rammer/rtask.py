@@ -141,6 +141,13 @@ class RTask:
 
 @dataclass(frozen=True)
 class BarrierRTask:
-    """A barrier-rTask: waits until every rTask at the given ``(vEU, order)`` positions finished (paper 3.2)."""
+    """A barrier-rTask: waits until every rTask at the given ``(vEU, order)`` positions finished (paper
+    3.2), and every rTask of the operators in ``ops`` (``(op uid, its rTask count)``) finished.
+
+    Waiting for a whole operator is what a dependency on an operator spread over many vEUs means; one
+    ``ops`` entry says it with one operator-completion counter instead of one position per vEU (an
+    all-to-all dependency between two operators on 528 vEUs would otherwise be 528 x 527 positions).
+    """
 
     waits: tuple[tuple[int, int], ...]
+    ops: tuple[tuple[int, int], ...] = ()

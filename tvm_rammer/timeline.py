@@ -107,7 +107,8 @@ def schedule_of(index: int, kernel: str, plan, op_graph, num_veus: int, num_sms:
     ``plan`` is a ``policy.RProgramPlan``, ``op_graph`` its ``policy.OpGraph``, ``num_veus`` the
     vEUs of the emitted kernel (trailing empty ones dropped, as in its table), ``config`` the
     ``RammerConfig`` (``barrier_us``, ``launch_us``). ``prog`` uses ``RProgram.to_dict``'s items:
-    ``["task", op, rtask_id]`` and ``["barrier", [[vEU, order], ...]]``.
+    ``["task", op, rtask_id]`` and ``["barrier", [[vEU, order], ...], [[op, rTasks], ...]]`` (the
+    second list: whole operators waited for).
     """
     ops = {}
     for op in plan.ops:
@@ -148,8 +149,9 @@ def _task_slice(schedule, veu, sm, order, item, start, end) -> Slice:
 
 
 def _barrier_slice(schedule, veu, sm, order, item, start, end) -> Slice:
+    ops = item[2] if len(item) > 2 else []
     return Slice(schedule["kernel"], veu, sm, order, "barrier", start, end,
-                 waits=tuple(tuple(w) for w in item[1]))
+                 waits=tuple(tuple(w) for w in item[1]) + tuple(("op", int(op)) for op, _ in ops))
 
 
 # --- predicted ------------------------------------------------------------------------------------
@@ -164,11 +166,17 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
     prog, barrier_us = schedule["prog"], schedule["barrier_us"]
     num_sms = schedule["num_sms"]
     ends: dict = {}
+    op_end: dict = {}  # op -> (rTasks finished, latest end)
     slices = []
     free = [float(offset_us)] * len(prog)
     pos = [0] * len(prog)
     blocked: dict = {}
     ready = deque(range(len(prog)))
+
+    def op_finished(op):
+        done, _ = op_end.get(int(op), (0, 0.0))
+        return done >= schedule["ops"][str(op)]["rtasks"]
+
     while ready:
         veu = ready.popleft()
         sm = veu % num_sms
@@ -176,15 +184,24 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
             order, item = pos[veu], prog[veu][pos[veu]]
             start = free[veu]
             if item[0] == "barrier":
+                op_waits = item[2] if len(item) > 2 else []
                 missing = next((tuple(w) for w in item[1] if tuple(w) not in ends), None)
+                if missing is None:
+                    missing = next((("op", int(op)) for op, _ in op_waits if not op_finished(op)), None)
                 if missing is not None:
                     blocked.setdefault(missing, []).append(veu)
                     break
-                end = max(start, max(ends[tuple(w)] for w in item[1]) + barrier_us)
+                last = max([ends[tuple(w)] for w in item[1]]
+                           + [op_end[int(op)][1] for op, _ in op_waits])
+                end = max(start, last + barrier_us)
                 slices.append(_barrier_slice(schedule, veu, sm, order, item, start, end))
             else:
                 end = start + schedule["ops"][str(item[1])]["rtask_us"]
                 slices.append(_task_slice(schedule, veu, sm, order, item, start, end))
+                done, latest = op_end.get(int(item[1]), (0, 0.0))
+                op_end[int(item[1])] = (done + 1, max(latest, end))
+                if op_finished(item[1]):
+                    ready.extend(blocked.pop(("op", int(item[1])), ()))
             ends[(veu, order)] = free[veu] = end
             pos[veu] += 1
             ready.extend(blocked.pop((veu, order), ()))

@@ -63,7 +63,8 @@ def trace_events(timelines) -> dict:
             if s.kind == "rtask":
                 args.update(operator=s.name, op=s.op, rtask_id=s.rtask_id, version=s.version)
             else:
-                shown = [f"vEU {v} order {o}" for v, o in s.waits[:_WAITS_SHOWN]]
+                shown = [f"op {o} (all rTasks)" if v == "op" else f"vEU {v} order {o}"
+                         for v, o in s.waits[:_WAITS_SHOWN]]
                 if len(s.waits) > _WAITS_SHOWN:
                     shown.append(f"... {len(s.waits) - _WAITS_SHOWN} more")
                 args.update(waits_on=len(s.waits), waits=shown, wait_us=round(s.duration_us, 4))

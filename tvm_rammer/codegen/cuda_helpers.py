@@ -20,12 +20,20 @@ the generated ``.cu`` file once per kernel.
 """
 
 SIGNAL_NAME = "rammer_signal"
+COUNT_NAME = "rammer_count"
 WAIT_NAME = "rammer_wait"
 
 SIGNAL_SOURCE = r"""
 __device__ __forceinline__ void rammer_signal(int* __restrict__ state, int veu, int step) {
   // caller: __syncthreads() first, then thread 0 only
   asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(state + veu), "r"(step) : "memory");
+}
+"""
+
+COUNT_SOURCE = r"""
+__device__ __forceinline__ void rammer_count(int* __restrict__ state, int slot) {
+  // caller: __syncthreads() first, then thread 0 only: one more rTask of the operator finished
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(state + slot) : "memory");
 }
 """
 
@@ -38,17 +46,19 @@ __device__ __forceinline__ int rammer_ld_acquire(const int* p) {
 __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int* __restrict__ state,
                                             int first, int count, int nthreads, int tid, int veu,
                                             int error_slot, long long spin_limit) {
-  // barrier-rTask: thread i polls wait entries i, i + nthreads, ... (entry = <vEU, step>)
+  // barrier-rTask: thread i polls wait entries i, i + nthreads, ...; an entry <vEU, step> waits for
+  // state[vEU] >= step, an entry <-(k+1), n> for operator counter k (state[error_slot + 1 + k]) >= n
   for (int i = tid; i < count; i += nthreads) {
     const int other = program[first + 2 * i];
     const int step = program[first + 2 * i + 1];
+    const int slot = other >= 0 ? other : error_slot - other;
     long long spins = 0;
-    while (rammer_ld_acquire(state + other) < step) {
+    while (rammer_ld_acquire(state + slot) < step) {
       __nanosleep(64);
       if (++spins > spin_limit) {
         atomicExch(state + error_slot, veu + 1);
-        printf("tvm-rammer: vEU %d waited too long for vEU %d to reach step %d (has %d); aborting\n",
-               veu, other, step, rammer_ld_acquire(state + other));
+        printf("tvm-rammer: vEU %d waited too long for state[%d] to reach %d (has %d); aborting\n",
+               veu, slot, step, rammer_ld_acquire(state + slot));
         __trap();
       }
     }

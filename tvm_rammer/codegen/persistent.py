@@ -29,11 +29,18 @@ Table layout (int32)::
 
     [0, V]                 first instruction of vEU v is at offsets[v], one past its last at offsets[v+1]
     [V+1, V+1+4*I)         instructions (kind, a, b, c): kind 0 = barrier-rTask, a = table index of its
-                           first <vEU, step> pair, b = number of pairs; kind k+1 = rTask of dispatch
+                           first wait pair, b = number of pairs; kind k+1 = rTask of dispatch
                            entry k, a = rtask_id, b = step to publish (0 = nobody waits for it),
-                           c = table index of the operator's arena offsets
-    [.., ..+2*W)           <vEU, step> pairs of all barrier-rTasks
-    [.., end)              each operator's arena offsets (elements), one list per operator
+                           c = table index of the operator's record
+    [.., ..+2*W)           wait pairs of all barrier-rTasks: <vEU, step> (wait until state[vEU] >=
+                           step) or <-(k+1), count> (wait until operator counter k >= count)
+    [.., end)              one record per operator: its counter k (-1 when no barrier waits for the
+                           whole operator), then its arena offsets (elements)
+
+The state (a per-run call_tir output) is int32[V + 1 + K]: the step of each vEU, the error word,
+then the K operator-completion counters. Each rTask of a counted operator adds 1 to its counter
+(release, after ``__syncthreads``), so one counter wait replaces a wait on every vEU the operator
+ran on (``BarrierRTask.ops``).
 """
 
 from __future__ import annotations
@@ -134,19 +141,22 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     if any(program.prog[num_veus:]):
         raise ValueError(f"cannot drop vEUs >= {num_veus}: they have rTasks")
     awaited = program.awaited()
+    counter = {op: k for k, op in enumerate(program.awaited_ops())}
     insts, waits, offsets_of, wait_at = [], [], {}, {}
-    flat_offsets = []
+    records = []
     for op, (_, offsets) in dispatch.items():
-        offsets_of[op] = len(flat_offsets)
-        flat_offsets.extend(offsets)
+        offsets_of[op] = len(records)
+        records.extend((counter.get(op, -1), *offsets))
     starts = [0]
     for veu, queue in enumerate(program.prog[:num_veus]):
         for order, task in enumerate(queue):
             if isinstance(task, BarrierRTask):
-                if task.waits not in wait_at:  # identical wait lists are stored once
-                    wait_at[task.waits] = len(waits)
+                key = (task.waits, task.ops)
+                if key not in wait_at:  # identical wait lists are stored once
+                    wait_at[key] = len(waits)
                     waits.extend((other, other_order + 1) for other, other_order in task.waits)
-                insts.append((BARRIER_KIND, wait_at[task.waits], len(task.waits), 0))
+                    waits.extend((-(counter[op] + 1), count) for op, count in task.ops)
+                insts.append((BARRIER_KIND, wait_at[key], len(task.waits) + len(task.ops), 0))
             elif isinstance(task, RTask):
                 publish = order + 1 if (veu, order) in awaited else 0
                 insts.append((dispatch[task.op][0] + 1, task.rtask_id, publish, offsets_of[task.op]))
@@ -155,21 +165,27 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
         starts.append(len(insts))
     inst_base = num_veus + 1
     wait_base = inst_base + INST_WORDS * len(insts)
-    offset_base = wait_base + 2 * len(waits)
-    table = np.zeros(offset_base + len(flat_offsets), dtype=np.int64)
+    record_base = wait_base + 2 * len(waits)
+    table = np.zeros(record_base + len(records), dtype=np.int64)
     table[:inst_base] = starts
-    for i, (kind, a, b, c) in enumerate(insts):
-        if kind == BARRIER_KIND:
-            a = wait_base + 2 * a  # pair index -> absolute table index
-        else:
-            c = offset_base + c
-        table[inst_base + INST_WORDS * i: inst_base + INST_WORDS * (i + 1)] = (kind, a, b, c)
-    for i, (other, step) in enumerate(waits):
-        table[wait_base + 2 * i: wait_base + 2 * i + 2] = (other, step)
-    table[offset_base:] = flat_offsets
-    if table.size and (table.max() > np.iinfo(np.int32).max or table.min() < 0):
+    if insts:
+        body = np.asarray(insts, dtype=np.int64)
+        barrier = body[:, 0] == BARRIER_KIND
+        body[barrier, 1] = wait_base + 2 * body[barrier, 1]  # pair index -> absolute table index
+        body[~barrier, 3] += record_base
+        table[inst_base:wait_base] = body.reshape(-1)
+    if waits:
+        table[wait_base:record_base] = np.asarray(waits, dtype=np.int64).reshape(-1)
+    table[record_base:] = records
+    info = np.iinfo(np.int32)
+    if table.size and (table.max() > info.max or table.min() < info.min):
         raise ValueError("the rProgram table does not fit int32 (arena larger than 2 GiB?)")
     return table.astype(np.int32)
+
+
+def num_counters(program: RProgram) -> int:
+    """Operator-completion counters the kernel of ``program`` keeps (``BarrierRTask.ops``)."""
+    return len(program.awaited_ops())
 
 
 def has_barriers(table: np.ndarray, num_veus: int) -> bool:
@@ -193,7 +209,8 @@ def _ptr(buf):
 
 
 def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, pool, instantiate):
-    """One rTask of a dispatch entry; arena-bound parameters are rebased onto their arena."""
+    """One rTask of a dispatch entry; arena-bound parameters are rebased onto their arena, at the
+    offsets that follow the counter in the operator's record at ``offsets_at``."""
     data, rebases = [], []
     for p, (param, binding) in enumerate(zip(entry.kernel.params, entry.bindings)):
         if not binding.in_arena:
@@ -201,7 +218,7 @@ def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, p
             continue
         holder = tirx.decl_buffer(param.shape, str(param.dtype), name=f"{param.name}_arena{p}")
         offset = (tirx.const(binding.offset, INT32) if binding.offset is not None
-                  else tirx.BufferLoad(table, [offsets_at + binding.table_pos]))
+                  else tirx.BufferLoad(table, [offsets_at + 1 + binding.table_pos]))
         data.append(holder)
         rebases.append((holder, buffers[binding.slot], offset))
     if entry.blocks == 1:
@@ -220,11 +237,13 @@ def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, p
 def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
                           with_barriers: bool, instantiate: Callable,
                           veus_per_sm: int | None = None,
-                          num_instructions: int | None = None) -> tirx.PrimFunc:
+                          num_instructions: int | None = None,
+                          counters: int = 0) -> tirx.PrimFunc:
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
-    Parameters: the input tensors, the program table, the output tensors, the step state
-    (``int32[num_veus + 1]``; the last entry records a vEU that timed out in a wait).
+    Parameters: the input tensors, the program table, the output tensors, the state
+    (``int32[num_veus + 1 + counters]``: each vEU's step, an entry that records a vEU that timed out
+    in a wait, and ``counters`` operator-completion counters; see the module docstring).
     ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
     ``__launch_bounds__(veu_threads, veus_per_sm)``: nvcc then keeps the registers low enough for
     that many vEUs to be resident on every SM, which the cooperative launch relies on.
@@ -235,7 +254,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         raise ValueError(f"{spec.name}: an instrumented (timeline) kernel needs num_instructions")
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
-    state = tirx.decl_buffer((num_veus + 1,), INT32, name="rammer_state")
+    state = tirx.decl_buffer((num_veus + 1 + counters,), INT32, name="rammer_state")
     veu = tirx.Var("veu", INT32)
     tid = tirx.Var("tid", INT32)
     pool = None
@@ -266,8 +285,15 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
             cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
+        count = []
+        if counters:
+            which = tirx.BufferLoad(table, [arg_c])
+            count = [tirx.IfThenElse(_uniform(which >= 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
+                cuda_op.cuda_func_call(cuda_helpers.COUNT_NAME, _ptr(state),
+                                       num_veus + 1 + which, source_code=cuda_helpers.COUNT_SOURCE)),
+                None), None)]
         cases.append(tirx.IfThenElse(_uniform(kind == k + 1), tirx.SeqStmt(
-            [rtask, _sync(), *([record] if record else []), signal]), None))
+            [rtask, _sync(), *([record] if record else []), *count, signal]), None))
     loop = tirx.For(pc, 0, tirx.BufferLoad(table, [veu + 1]) - start, tirx.ForKind.SERIAL,
                     tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(table, [inst])),
                                   tirx.Bind(arg_a, tirx.BufferLoad(table, [inst + 1])),
@@ -281,8 +307,15 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     if with_barriers:
         stmts += [tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
                   tirx.IfThenElse(tirx.all(veu == 0, tid == 0),
-                                  tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None),
-                  tirx.Evaluate(cuda_op.cuda_grid_sync())]
+                                  tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None)]
+        if counters:  # every thread of the grid zeroes counters i, i + grid size, ...
+            grid = num_veus * spec.veu_threads
+            i = tirx.Var("counter_round", INT32)
+            index = (i * num_veus + veu) * spec.veu_threads + tid
+            stmts.append(tirx.For(i, 0, -(-counters // grid), tirx.ForKind.SERIAL, tirx.IfThenElse(
+                index < counters, tirx.BufferStore(state, tirx.const(0, INT32),
+                                                   [num_veus + 1 + index]), None)))
+        stmts.append(tirx.Evaluate(cuda_op.cuda_grid_sync()))
     stmts.append(loop)
     body = tirx.SeqStmt(stmts) if len(stmts) > 1 else loop
     if veus_per_sm is not None:
@@ -304,6 +337,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"],
         "rammer.num_veus": num_veus,
         "rammer.veu_threads": spec.veu_threads,
+        "rammer.state_words": num_veus + 1 + counters,
     })
     if timeline is not None:
         func = func.with_attr("rammer.timeline_words", num_instructions * cuda_helpers.TIMELINE_WORDS)
