@@ -105,8 +105,9 @@ def test_versions_feed_select_rkernels(versions):
     ops = {uid: rkernels.operator_versions(uid, gv.name_hint, mod[gv], found, config, vdevice, profiler)
            for uid in range(16)}
     op = ops[0]
-    assert len(op.kernels) == len(found)
-    assert [t.source for t in op.timing] == ["profiled"] * len(found)
+    assert [k.name.split(":")[1].split("#")[0] for k in op.kernels if k.blocks_per_rtask == 1] == [
+        v.name for v in found]  # every measured version, plus its coarsened variants
+    assert {t.source for t in op.timing} == {"profiled"} and len(op.timing) == len(op.kernels)
     assert op.most_efficient in op.kernels and op.fastest(132) in op.kernels
     graph = OpGraph(ops=ops, preds={}, waves=[list(ops)])
     plans = schedule(graph, vdevice, rkernels.policy_config(config, vdevice))
@@ -120,9 +121,10 @@ def test_unmeasured_versions_leave_only_the_pipelines_dlight_schedule(versions):
     vdevice = VDevice.for_arch("sm_90")
     nothing = Profiler(JsonProfileDB(), None, "sm_90a")
     op = rkernels.operator_versions(0, gv.name_hint, mod[gv], found, RammerConfig(), vdevice, nothing)
-    assert [k.source for k in op.kernels] == ["dlight"] and op.kernels[0].name.split(":")[1].startswith(
-        "dlight#")
-    assert [t.source for t in op.timing] == ["analytical"]
+    assert {k.source for k in op.kernels} == {"dlight"}
+    assert all(k.name.split(":")[1].startswith("dlight#") for k in op.kernels)
+    assert [k.blocks_per_rtask for k in op.kernels] == rkernels.coarsenings(found[0].lowered.num_rtasks)
+    assert {t.source for t in op.timing} == {"analytical"}
 
 
 def test_a_small_mean_gets_a_version_without_partial_warp_shuffles():
