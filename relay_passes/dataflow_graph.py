@@ -244,6 +244,8 @@ class _GraphBuilder:
         self.block = _single_dataflow_block(func)
         self.tensor_of = {}
         self.first_extract = {}
+        self._static = {}  # TensorRef -> all dims static (each tensor's shape is read once)
+        self._kernels = {}  # GlobalVar -> (placeable, reason) of its callee
         for b in self.block.bindings:
             value = getattr(b, "value", None)
             if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
@@ -325,7 +327,22 @@ class _GraphBuilder:
             node.reason = f"opaque binding ({op})"
             return
         node.kind, node.gvar = "call_tir", value.args[0]
-        node.placeable, node.reason = _call_tir_placeable(value, node, self.mod)
+        node.placeable, node.reason = self._call_tir_placeable(value, node)
+
+    def _is_static(self, tensor):
+        if tensor not in self._static:
+            self._static[tensor] = _is_static(tensor.ty)
+        return self._static[tensor]
+
+    def _call_tir_placeable(self, call, node):
+        """(placeable, reason) for a call_tir node (the callee's part checked once per callee)."""
+        if has_tir_vars(call):
+            return False, "tir_vars (scalar or symbolic arguments besides tensors)"
+        if not all(self._is_static(t) for t in node.inputs + node.outputs):
+            return False, "dynamic shape"
+        if node.gvar not in self._kernels:
+            self._kernels[node.gvar] = _callee_placeable(node.gvar, self.mod)
+        return self._kernels[node.gvar]
 
 
 def has_tir_vars(call):
@@ -341,13 +358,9 @@ def _is_tensor_leaf(expr):
     return isinstance(expr, (relax.Var, tvm.ir.expr.Constant)) and isinstance(expr.ty, relax.TensorType)
 
 
-def _call_tir_placeable(call, node, mod):
-    """(placeable, reason) for a call_tir node."""
-    if has_tir_vars(call):
-        return False, "tir_vars (scalar or symbolic arguments besides tensors)"
-    if not all(_is_static(t.ty) for t in node.inputs + node.outputs):
-        return False, "dynamic shape"
-    callee = mod[node.gvar] if node.gvar in mod.functions else None
+def _callee_placeable(gvar, mod):
+    """(placeable, reason) of a call_tir's callee: a PrimFunc with a thread-block schedule."""
+    callee = mod[gvar] if gvar in mod.functions else None
     if not isinstance(callee, tirx.PrimFunc):
         return False, "not a PrimFunc (library/extern call)"
     if not has_block_binding(callee):

@@ -316,3 +316,29 @@ def test_a_merged_wave_may_take_the_version_that_keeps_the_plans_vEU_shape():
     merged = schedule_wave([1], plan, graph, H100, config)
     assert merged.selected[1] == 0 and merged.reason[1] == "fits"
     assert merged.veus_per_sm == plan.veus_per_sm == 16
+
+
+def test_select_veus_matches_a_plain_heap_on_random_timelines():
+    import heapq
+
+    from tvm_rammer.policy import select_veus
+
+    def reference(free, ready, count, time_us):
+        heap = [(max(f, ready), v) for v, f in enumerate(free)]
+        heapq.heapify(heap)
+        chosen = []
+        for _ in range(count):
+            start, veu = heapq.heappop(heap)
+            free[veu] = start + time_us
+            chosen.append(veu)
+            heapq.heappush(heap, (start + time_us, veu))
+        return chosen
+
+    rng = random.Random(7)
+    for _ in range(500):
+        num = rng.randint(1, 40)
+        free = [rng.choice([0.0, 1.0, 2.5, rng.uniform(0, 10)]) for _ in range(num)]
+        args = (rng.choice([0.0, 1.0, 3.0]), rng.randint(1, 3 * num), rng.choice([0.5, 1.0, 4.0]))
+        mine, theirs = list(free), list(free)
+        assert select_veus(mine, *args) == reference(theirs, *args)
+        assert mine == theirs

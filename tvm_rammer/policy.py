@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Mapping, Sequence
 
+import numpy as np
+
 from .cost_model import CostModelConfig
 from .rprogram import RProgram
 from .rtask import RKernel, ROperator, RTask
@@ -157,6 +159,7 @@ class PartialPlan:
     op_finish: Mapping[int, float]
     veu_of: Mapping[int, tuple[int, ...]]
     has_waits: bool
+    shape: tuple[int, int, int] = (0, 0, 0)  # (threads, registers, shared bytes) the vEU is sized for
 
     @property
     def ops(self) -> list[int]:
@@ -253,7 +256,16 @@ def select_veus(free: list[float], ready: float, count: int, time_us: float) -> 
             chosen.append(veu)
             free[veu] = ready + (i // num + 1) * time_us
         return chosen
-    heap = [(max(f, ready), v) for v, f in enumerate(free)]
+    starts = np.maximum(np.asarray(free, dtype=np.float64), ready)
+    order = np.argsort(starts, kind="stable")  # by start, ties by the lowest vEU
+    if count <= num and starts[order[count - 1]] < starts[order[0]] + time_us:
+        # every rTask starts before the first one ends: the heap below would take the count
+        # earliest vEUs in this order, each once
+        chosen = order[:count].tolist()
+        for veu in chosen:
+            free[veu] = float(starts[veu]) + time_us
+        return chosen
+    heap = [(float(starts[v]), v) for v in range(num)]
     heapq.heapify(heap)
     for _ in range(count):
         start, veu = heapq.heappop(heap)
@@ -269,11 +281,15 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
     """``base`` plus ``wave`` with rKernels ``choice``; None when the vEU shape no longer fits an SM or an
     operator would need more than ``config.max_waits_per_op`` wait entries."""
     selected = {**(base.selected if base else {}), **choice}
-    kernels = [graph.ops[op].kernels[i] for op, i in selected.items()]
+    shape = vdevice.veu_shape((graph.ops[op].kernels[i] for op, i in choice.items()), config.registers)
+    if base is not None:
+        shape = tuple(max(a, b) for a, b in zip(shape, base.shape))
     try:
-        per_sm, num_veus = _veu_count(kernels, vdevice, config)
+        per_sm = vdevice.occupancy(*shape)
     except ValueError:
         return None
+    num_veus = vdevice.num_sms * per_sm
+    num_veus = num_veus if config.max_veus is None else min(num_veus, config.max_veus)
     waves = (base.waves if base else ()) + (tuple(wave),)
     if base is not None and base.num_veus == num_veus:
         todo = [tuple(wave)]
@@ -304,6 +320,7 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
         op_finish=op_finish,
         veu_of=veu_of,
         has_waits=has_waits,
+        shape=shape,
     )
 
 
@@ -419,8 +436,7 @@ def _prefer_plan_shape(best, wave, plan, graph, vdevice, config, profile, label)
     of P (a 64-thread rKernel next to 256-thread ones)."""
     if plan is None:
         return best
-    threads, regs, smem = vdevice.veu_shape(
-        (graph.ops[op].kernels[i] for op, i in plan.selected.items()), config.registers)
+    threads, regs, smem = plan.shape
 
     def keeps_shape(k: RKernel) -> bool:
         k_regs = config.registers or (vdevice.default_registers if k.registers is None else k.registers)
