@@ -18,9 +18,11 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
         return relax.get_default_pipeline(plain)(mod)
 
 
-def inspect_model(model, target, config: RammerConfig | None = None, profiler=None) -> dict:
-    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
-    mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
+def inspect_model(model, target, config: RammerConfig | None = None, profiler=None,
+                  shapes: dict | None = None, batch: int | None = None) -> dict:
+    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize).
+    ``shapes`` / ``batch`` bind an ONNX model's symbolic inputs (``frontend.import_onnx``)."""
+    mod = model if isinstance(model, tvm.IRModule) else import_onnx(model, shapes, batch)
     rammer_mod = lower(mod, target, config, profiler)
     default_mod = lower_default(mod, target)
     return summarize(rammer_mod, default_mod)

@@ -19,6 +19,8 @@ constraint on its right.
 
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import relax
 
@@ -28,10 +30,12 @@ from tir_templates.default_schedule import default_schedule_pass
 
 from .backend import RammerBackend
 from .config import RammerConfig
-from .target import is_rammer_target, register_tags, rkernel_target
+from .shapes import unbound_message, unbound_params
+from .target import is_rammer_target, plain_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
+LOG = logging.getLogger("tvm_rammer")
 
 
 def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None) -> list:
@@ -76,6 +80,11 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
             raise ValueError(
                 f"the rammer pipeline needs a CUDA target, got {tgt}; call "
                 "tvm.compile(mod, target='rammer/nvidia-h100') or pass a CUDA target")
+        unbound = unbound_params(mod)
+        if unbound:  # rTasks need static shapes: never worse than TVM's default pipeline
+            LOG.warning("tvm-rammer: %s", unbound_message(unbound))
+            plain = plain_target(tgt)
+            return relax.get_default_pipeline(plain)(mod)
         with tgt:
             return tvm.transform.Sequential(rammer_passes(tgt, config, profiler))(mod)
 
