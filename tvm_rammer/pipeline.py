@@ -25,6 +25,8 @@ import tvm
 from tvm import relax
 
 from relay_passes.branch_fusion import BranchPreservingFusion
+from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
+from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.split_to_slices import SplitToSlices
 from tir_templates.default_schedule import default_schedule_pass
 
@@ -46,6 +48,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     fusion = [BranchPreservingFusion()] if config.fusion else []
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
+        *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
@@ -57,6 +60,20 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
+    ]
+
+
+def inference_passes() -> list:
+    """Exported models carry training-time structure that would split rPrograms: inference
+    BatchNormalization (a multi-kernel op that cannot become rTasks) and outputs nobody reads
+    (BatchNorm's running statistics, Dropout's mask). Run on high-level Relax, before LegalizeOps."""
+    return [
+        relax.transform.FoldBatchnormToConv2D(),       # conv2d -> BN: BN scales the conv's weights
+        FoldBatchNormToConvBias(),                     # conv2d + bias -> BN (ONNX Conv with B): same
+        relax.transform.DecomposeOpsForInference(),    # other BNs: elementwise ops that fuse as rTasks
+        RemoveInferenceDropout(),                      # Dropout is the identity: no copy kernel
+        relax.transform.CanonicalizeBindings(),        # BN's (out, mean, var) tuples -> plain aliases
+        relax.transform.DeadCodeElimination(),         # unused statistics and masks cost nothing
     ]
 
 
