@@ -30,14 +30,14 @@ FULL = {
     "resnet50": dict(width=64, layers=(3, 4, 6, 3), image_size=224, classes=1000),
     "densenet121": dict(growth=32, blocks=(6, 12, 24, 16), init_features=64, image_size=224,
                         classes=1000),
-    "inception_v2": dict(width=1.0, image_size=224, classes=1000),
+    "inception_v2": dict(width=1.0, blocks=4, image_size=224, classes=1000),
     "shufflenet_v2": dict(channels=(24, 116, 232, 464, 1024), repeats=(4, 8, 4), image_size=224,
                           classes=1000),
 }
 REDUCED_CNN = {
     "resnet50": dict(width=8, layers=(1, 1, 1, 1), image_size=32, classes=10),
     "densenet121": dict(growth=4, blocks=(2, 3), init_features=8, image_size=32, classes=10),
-    "inception_v2": dict(width=0.125, image_size=32, classes=10),
+    "inception_v2": dict(width=0.125, blocks=3, image_size=32, classes=10),
     "shufflenet_v2": dict(channels=(8, 16, 32, 64, 64), repeats=(1, 1, 1), image_size=32,
                           classes=10),
 }
@@ -215,7 +215,11 @@ def _densenet121(g, growth, blocks, init_features, image_size, classes):
     return g.head(g.relu(g.bn(x, c)), c, classes), [1, 3, image_size, image_size]
 
 
-def _inception_v2(g, width, image_size, classes):
+INCEPTION_BLOCKS = ((64, 64, 64, 64, 96, 32, 1), (64, 64, 96, 64, 96, 64, 1),
+                    (0, 128, 160, 64, 96, 0, 2), (224, 64, 96, 96, 128, 128, 1))
+
+
+def _inception_v2(g, width, blocks, image_size, classes):
     """BN-Inception (Inception-v2): conv-BN-ReLU everywhere, an LRN in the stem (as the GoogLeNet
     stem it grew from), blocks of 1x1 | 1x1-3x3 | 1x1-3x3-3x3 | avgpool(pad)-1x1 joined by Concat,
     and stride-2 blocks whose pool branch is a max-pool."""
@@ -227,10 +231,7 @@ def _inception_v2(g, width, image_size, classes):
     x = g.cbr(g.cbr(x, c(64), c(64), 1), c(64), c(192), 3)
     x = g.maxpool(x, 3, 2, pad=1)
     cin = c(192)
-    for (b1, r3, b3, rd, bd, pool, stride) in ((64, 64, 64, 64, 96, 32, 1),
-                                                 (64, 64, 96, 64, 96, 64, 1),
-                                                 (0, 128, 160, 64, 96, 0, 2),
-                                                 (224, 64, 96, 96, 128, 128, 1)):
+    for (b1, r3, b3, rd, bd, pool, stride) in INCEPTION_BLOCKS[:blocks]:
         outs = []
         if b1:
             outs.append(g.cbr(x, cin, c(b1), 1))
@@ -403,13 +404,12 @@ def torch_model(name, **sizes):
     elif name == "inception_v2":
         def ch(n):
             return max(4, int(n * sizes["width"]))
-        layers = [cbr(3, ch(64), 7, 2), nn.MaxPool2d(3, 2, 1), nn.LocalResponseNorm(5),
+        # no LRN here (BN-Inception has none): torch exports LocalResponseNorm as a Shape/If/Pad
+        # subgraph that TVM's ONNX frontend cannot import; the mirror has the ONNX LRN op
+        layers = [cbr(3, ch(64), 7, 2), nn.MaxPool2d(3, 2, 1),
                   cbr(ch(64), ch(64), 1), cbr(ch(64), ch(192), 3), nn.MaxPool2d(3, 2, 1)]
         cin = ch(192)
-        for (b1, r3, b3, rd, bd, pool, stride) in ((64, 64, 64, 64, 96, 32, 1),
-                                                     (64, 64, 96, 64, 96, 64, 1),
-                                                     (0, 128, 160, 64, 96, 0, 2),
-                                                     (224, 64, 96, 96, 128, 128, 1)):
+        for (b1, r3, b3, rd, bd, pool, stride) in INCEPTION_BLOCKS[:sizes["blocks"]]:
             layers.append(Inception(cin, ch(b1) if b1 else 0, ch(r3), ch(b3), ch(rd), ch(bd),
                                     ch(pool), stride))
             cin = (ch(b1) if b1 else 0) + ch(b3) + ch(bd) + (ch(pool) if stride == 1 else cin)
