@@ -85,10 +85,10 @@ def _shape_flag(text: str) -> tuple:
 
 
 def _bind_model(args) -> None:
-    """Load the model argument once, with --input-shape / --batch bound (the commands take a
-    ModelProto as well as a path)."""
-    if not getattr(args, "input_shape", None) and getattr(args, "batch", None) is None:
-        return
+    """Load the model argument once, with --input-shape / --batch bound (compile, inspect, run and
+    tune take a ModelProto as well as a path)."""
+    if not hasattr(args, "input_shape") or (not args.input_shape and args.batch is None):
+        return  # (`model` and `bench` have a --batch of their own: the batch they build)
     from .frontend import load_onnx
     from .shapes import bind_shapes
     shapes = {}
@@ -97,6 +97,15 @@ def _bind_model(args) -> None:
             raise ValueError(f"--input-shape {name} given twice ({shapes[name]} and {dims})")
         shapes[name] = dims
     args.model = bind_shapes(load_onnx(args.model), shapes, args.batch)
+
+
+def _output_path(path: str) -> str:
+    """argparse type of -o: a file that can be written (checked before anything is compiled)."""
+    try:
+        check_output(path)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return path
 
 
 def check_output(path: str) -> None:
@@ -116,8 +125,6 @@ def check_output(path: str) -> None:
 
 def cmd_compile(args) -> int:
     from . import frontend
-    check_output(args.output)
-    _bind_model(args)
     ex = frontend.compile(args.model, target=args.target, config=_config(args))
     ex.export_library(args.output)
     print(f"wrote {args.output}")
@@ -126,7 +133,6 @@ def cmd_compile(args) -> int:
 
 def cmd_inspect(args) -> int:
     from . import inspection
-    _bind_model(args)
     summary = inspection.inspect_model(args.model, args.target, _config(args))
     if args.json:
         summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
@@ -139,7 +145,6 @@ def cmd_inspect(args) -> int:
 
 def cmd_run(args) -> int:
     from . import runner
-    _bind_model(args)
     result = runner.run_model(args.model, args.target, _config(args), runs=args.runs,
                               seed=args.seed)
     print(json.dumps(result, indent=1) if args.json else runner.format_result(result))
@@ -162,7 +167,6 @@ def cmd_model(args) -> int:
             raise ValueError(f"--param {item!r}: use NAME=VALUE, e.g. --param n=16")
         params[key.strip()] = _param_value(value.strip())
     _check_params(args.name, params)
-    check_output(args.output)
     onnx.save(get_model(args.name, batch=args.batch, **params), args.output)
     print(f"wrote {args.output}")
     return 0
@@ -219,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="compile an ONNX model to a library")
     _add_common(p)
-    p.add_argument("-o", "--output", required=True,
+    p.add_argument("-o", "--output", required=True, type=_output_path,
                    help="output library (.so; .tar for an archive); its directory must exist")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
@@ -246,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("model", help="write a bundled model (tvm_rammer.models) as ONNX",
                        epilog=_model_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help=f"one of: {', '.join(sorted(MODELS))}")
-    p.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    p.add_argument("-o", "--output", required=True, type=_output_path, help="ONNX file to write")
     p.add_argument("--batch", type=_positive_int, default=1,
                    help="batch size built into the model (default: %(default)s)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -267,6 +271,7 @@ def main(argv=None) -> int:
     try:
         if hasattr(args, "max_rtask_threads"):
             _config(args)  # bad option values fail before any model is loaded
+        _bind_model(args)  # --input-shape / --batch, for every command that takes a model file
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"tvm-rammer: error: {err}", file=sys.stderr)

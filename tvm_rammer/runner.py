@@ -28,7 +28,9 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
         tensor = value.type.tensor_type
         dims = [d.dim_value for d in tensor.shape.dim]
         if any(d <= 0 for d in dims):
-            raise ValueError(f"input {value.name!r} has a dynamic shape {dims}; give it static dims")
+            raise ValueError(
+                f"input {value.name!r} has a symbolic shape {dims}: bind it with --batch N or "
+                f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.shapes)")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         inputs[value.name] = rng.standard_normal(dims).astype(dtype)
     return inputs
