@@ -5,6 +5,8 @@ splits rPrograms, and each compiles to no more launches than TVM's default pipel
 The onnx.helper mirrors always run; the torch.onnx exports of the same networks run where torch is
 installed (it is not a CI dependency)."""
 
+import functools
+
 import numpy as np
 import pytest
 import tvm
@@ -60,10 +62,18 @@ def test_initializers_listed_as_inputs_are_weights_not_inputs():
         assert len(_inference(model, batch=1)["main"].params) == 1
 
 
-@pytest.fixture(scope="module", params=NAMES)
+@functools.lru_cache(maxsize=None)
+def _schedule(name, opset, batch):
+    """inspect's summary of a mirror whose batch is ``batch`` (an int: static; "N": symbolic,
+    bound to 1 at import)."""
+    bind = {"batch": 1} if batch == "N" else {}
+    return inspect_model(mirror(name, opset, batch=batch), TARGET, CONFIG, **bind)
+
+
+@pytest.fixture(params=NAMES)
 def schedule(request):
     name = request.param
-    return name, inspect_model(mirror(name, SCHEDULE_OPSET[name]), TARGET, CONFIG, batch=1)
+    return name, _schedule(name, SCHEDULE_OPSET[name], "N")
 
 
 def test_no_more_launches_than_tvm_default(schedule):
@@ -87,8 +97,8 @@ def test_symbolic_batch_bound_to_one_schedules_like_the_static_twin():
         return (summary["rprograms"], summary["rtasks"], summary["launches"],
                 [[op["name"] for op in p["operators"]] for p in summary["programs"]])
 
-    bound = inspect_model(mirror("resnet50", 7), TARGET, CONFIG, batch=1)
-    static = inspect_model(mirror("resnet50", 7, batch=1), TARGET, CONFIG)
+    bound = _schedule("resnet50", SCHEDULE_OPSET["resnet50"], "N")
+    static = _schedule("resnet50", SCHEDULE_OPSET["resnet50"], 1)
     assert brief(bound) == brief(static)
     assert bound["rprograms"] >= 1
 
