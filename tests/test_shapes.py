@@ -6,13 +6,15 @@ import logging
 import numpy as np
 import onnx
 import pytest
+from tvm import relax
 
 import tvm_rammer
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.frontend import import_onnx
 from tvm_rammer.inspection import inspect_model
 from tvm_rammer.models import get_model
-from tvm_rammer.shapes import bind_shapes, parse_shape, parse_shape_flag, unbound_inputs
+from tvm_rammer.shapes import (bind_shapes, parse_shape, parse_shape_flag, unbound_inputs,
+                                unbound_params)
 
 from onnx_builders import dynamic_batch, run_onnxruntime, run_tvm_cpu
 
@@ -116,3 +118,10 @@ def test_compile_binds_shapes_and_refuses_them_for_a_relax_module():
         tvm_rammer.compile(mod, batch=1)
     with pytest.raises(ValueError, match="no input 'nope'"):
         tvm_rammer.compile(model, shapes={"nope": (1, 16)})
+
+
+def test_shapes_bound_after_import_are_seen_as_static():
+    mod = import_onnx(_symbolic(get_model("branches", n=2, k=16, n_out=16)))
+    assert unbound_params(mod) == {"input": ["N", 16]}  # the ONNX name, recorded at import
+    bound = relax.transform.BindSymbolicVars({"N": 1})(mod)
+    assert unbound_params(bound) == {}

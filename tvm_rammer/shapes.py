@@ -159,15 +159,13 @@ UNBOUND_ATTR = "rammer.unbound_inputs"
 
 
 def unbound_params(mod) -> dict:
-    """``{name: dims}`` of ``main``'s parameters without a fully static shape: under the ONNX input
-    names when :func:`tvm_rammer.frontend.import_onnx` recorded them, else the Relax names."""
+    """``{name: dims}`` of ``main``'s parameters without a fully static shape (empty when all are
+    static), under the ONNX input names when :func:`tvm_rammer.frontend.import_onnx` recorded them,
+    else the Relax names."""
     import json
 
     from tvm import relax, tirx
 
-    attrs = mod.attrs or {}
-    if UNBOUND_ATTR in attrs:
-        return json.loads(str(attrs[UNBOUND_ATTR]))
     main = next((f for gv, f in mod.functions_items()
                  if gv.name_hint == "main" and isinstance(f, relax.Function)), None)
     out = {}
@@ -180,4 +178,7 @@ def unbound_params(mod) -> dict:
         elif not all(isinstance(d, tirx.IntImm) for d in ty.shape.values):
             out[str(param.name)] = [int(d.value) if isinstance(d, tirx.IntImm) else str(d)
                                     for d in ty.shape.values]
+    attrs = mod.attrs or {}
+    if out and UNBOUND_ATTR in attrs:
+        return json.loads(str(attrs[UNBOUND_ATTR]))
     return out
