@@ -125,3 +125,10 @@ def test_shapes_bound_after_import_are_seen_as_static():
     assert unbound_params(mod) == {"input": ["N", 16]}  # the ONNX name, recorded at import
     bound = relax.transform.BindSymbolicVars({"N": 1})(mod)
     assert unbound_params(bound) == {}
+
+
+def test_batch_that_contradicts_a_static_batch_is_refused():
+    static = get_model("branches", n=2, k=16, n_out=16)
+    assert bind_shapes(static, batch=1).graph.input[0] == static.graph.input[0]  # agrees: no-op
+    with pytest.raises(ValueError, match="no symbolic leading dim to bind"):
+        bind_shapes(static, batch=8)

@@ -89,13 +89,16 @@ def bind_shapes(proto: onnx.ModelProto, shapes: dict | None = None,
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     bound = {}  # dim_param -> value
+    batched = []
     for value in out.graph.input:
         if value.name not in inputs:
             continue
         if value.name in shapes:
             _bind_full(value, tuple(shapes[value.name]), bound)
-        elif batch is not None:
-            _bind_leading(value, batch, bound)
+        elif batch is not None and _bind_leading(value, batch, bound):
+            batched.append(value.name)
+    if batch is not None and not batched:
+        _check_static_batch(inputs, shapes, batch)
     for value in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in bound:
@@ -130,13 +133,27 @@ def _bind_full(value, dims: tuple, bound: dict) -> None:
         shape.dim.add().dim_value = size
 
 
-def _bind_leading(value, batch: int, bound: dict) -> None:
+def _bind_leading(value, batch: int, bound: dict) -> bool:
+    """Bind a symbolic leading dim of ``value`` to ``batch``; whether there was one."""
     dims = _dims(value)
     if not dims or not isinstance(dims[0], str):
-        return
+        return False
     if dims[0] != "?":
         _record(dims[0], batch, bound, f"input {value.name!r}, axis 0")
     value.type.tensor_type.shape.dim[0].dim_value = batch
+    return True
+
+
+def _check_static_batch(inputs: dict, shapes: dict, batch: int) -> None:
+    """``batch`` bound nothing: refuse it when it contradicts the static leading dims (a model
+    exported with batch 1 does not become batch 8 by asking)."""
+    leading = {name: dims[0] for name, v in inputs.items() if name not in shapes
+               for dims in [_dims(v)] if dims}
+    if leading and all(d != batch for d in leading.values()):
+        shown = ", ".join(f"{n!r}: {d}" for n, d in leading.items())
+        raise ValueError(f"batch={batch}: the model's inputs have no symbolic leading dim to bind "
+                         f"(static leading dims {shown}); export the model with a symbolic batch, "
+                         "or build a zoo model with `tvm-rammer model NAME --batch N`")
 
 
 def _show(dims) -> str:
