@@ -155,3 +155,15 @@ def test_symbolic_batch_bound_on_the_command_line(small, capsys, caplog):
 def test_unknown_input_name_lists_the_real_inputs(small, capsys):
     code, err = _exit_code(["inspect", str(small[1]), "--input-shape", "x=1x32"], capsys)
     assert code == 2 and "no input 'x'; its inputs are 'input'" in err
+
+
+def test_cli_target_form_translates_to_tvms_dict_form():
+    from tvm_rammer.target import cli_target_dict, resolve_target, target_arch
+
+    assert cli_target_dict("cuda -arch=sm_80 -max_threads_per_block=512 -keys=cuda,gpu") == {
+        "kind": "cuda", "arch": "sm_80", "max_threads_per_block": 512, "keys": ["cuda", "gpu"]}
+    for not_cli in ("cuda", "rammer/nvidia-h100", '{"kind": "cuda"}', "cuda sm_80"):
+        assert cli_target_dict(not_cli) is None
+    target = resolve_target("cuda -arch=sm_90a -max_threads_per_block=512")
+    assert target_arch(target) == "sm_90a" and int(target.attrs["max_threads_per_block"]) == 512
+    assert "rammer" in tuple(target.keys)
