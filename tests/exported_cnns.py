@@ -38,7 +38,7 @@ REDUCED_CNN = {
     "resnet50": dict(width=8, layers=(1, 1, 1, 1), image_size=32, classes=10),
     "densenet121": dict(growth=4, blocks=(2, 3), init_features=8, image_size=32, classes=10),
     "inception_v2": dict(width=0.125, blocks=3, image_size=32, classes=10),
-    "shufflenet_v2": dict(channels=(8, 16, 32, 64, 64), repeats=(1, 1, 1), image_size=32,
+    "shufflenet_v2": dict(channels=(8, 16, 32, 64, 64), repeats=(2, 1, 1), image_size=32,
                           classes=10),
 }
 

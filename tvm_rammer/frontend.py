@@ -11,6 +11,7 @@ import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
 from .config import RammerConfig
+from .onnx_fold import fold_shape_subgraphs
 from .pipeline import rammer_pipeline
 from .shapes import UNBOUND_ATTR, bind_shapes, unbound_inputs
 from .target import resolve_target
@@ -37,9 +38,11 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None) -> 
     """The ONNX model as a Relax module (weights become constants).
 
     ``shapes`` ({input name: shape}) and ``batch`` bind symbolic input dimensions first
-    (:func:`tvm_rammer.shapes.bind_shapes`); inputs left symbolic are recorded on the module, and the
-    rammer pipeline then compiles it with TVM's default pipeline and a warning naming them."""
-    proto = bind_shapes(load_onnx(model), shapes, batch)
+    (:func:`tvm_rammer.shapes.bind_shapes`), and shape computations on static shapes become
+    constants (:func:`tvm_rammer.onnx_fold.fold_shape_subgraphs`); inputs left symbolic are
+    recorded on the module, and the rammer pipeline then compiles it with TVM's default pipeline and
+    a warning naming them."""
+    proto = fold_shape_subgraphs(bind_shapes(load_onnx(model), shapes, batch))
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
