@@ -28,8 +28,21 @@ FOLDABLE = frozenset({
 
 def _static_shapes(proto: onnx.ModelProto) -> dict:
     """{tensor name: tuple of ints} for every tensor whose inferred shape is fully static."""
-    light = onnx.ModelProto()
-    light.CopyFrom(proto)
+    light = onnx.ModelProto()  # weights as typed inputs: inference needs their shapes only
+    light.ir_version, light.producer_name = proto.ir_version, proto.producer_name
+    light.opset_import.extend(proto.opset_import)
+    light.graph.name = proto.graph.name
+    light.graph.node.extend(proto.graph.node)
+    light.graph.output.extend(proto.graph.output)
+    light.graph.value_info.extend(proto.graph.value_info)
+    inputs = {v.name for v in proto.graph.input}
+    light.graph.input.extend(proto.graph.input)
+    for init in proto.graph.initializer:
+        if np.prod(init.dims, dtype=np.int64) <= 64:
+            light.graph.initializer.append(init)
+        elif init.name not in inputs:
+            light.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                                   list(init.dims)))
     try:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # noqa: BLE001  (shape inference rejects some valid graphs; fold nothing)
@@ -39,7 +52,7 @@ def _static_shapes(proto: onnx.ModelProto) -> dict:
         tensor = value.type.tensor_type
         if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
             shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
-    for init in inferred.graph.initializer:
+    for init in proto.graph.initializer:
         shapes[init.name] = tuple(init.dims)
     return shapes
 
@@ -73,7 +86,7 @@ def _evaluate(node, known: dict, opset: int) -> list | None:
         return None
 
 
-def fold_shape_subgraphs(proto: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
+def fold_shape_subgraphs(proto: onnx.ModelProto, rounds: int = 256) -> onnx.ModelProto:
     """A copy of ``proto`` whose shape computations on static shapes are initializers (``proto``
     itself when there is nothing to fold). Folding a Reshape's target shape lets shape inference
     see the shapes after it, so this repeats (at most ``rounds`` times) until nothing folds."""
