@@ -14,7 +14,8 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
-__all__ = ["default_rules", "default_schedule_pass", "schedule_like_default", "is_scheduled"]
+__all__ = ["default_rules", "default_schedule_pass", "default_schedule_each", "schedule_like_default",
+           "is_scheduled"]
 
 
 def default_rules() -> tuple:
@@ -26,6 +27,30 @@ def default_rules() -> tuple:
 def default_schedule_pass() -> tvm.transform.Pass:
     """``dlight.ApplyDefaultSchedule`` with :func:`default_rules` (schedules under the target in scope)."""
     return dl.ApplyDefaultSchedule(*default_rules())
+
+
+@tvm.transform.module_pass(opt_level=0, name="DefaultScheduleEach")
+def default_schedule_each(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """:func:`default_schedule_pass` one PrimFunc at a time, under the target in scope. A PrimFunc
+    whose rule raises (dlight's Matmul rule asserts on some fused epilogues under a thread cap that
+    TVM's default pipeline does not set) is left unscheduled instead of failing the compilation:
+    the back end then gives it TVM's default kernel, as for any operator that cannot become rTasks."""
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
+            continue
+        try:
+            scheduled = default_schedule_pass()(tvm.IRModule({gv: func}))[gv]
+        except Exception:  # pylint: disable=broad-except  (dlight rules may hit TVM internal errors)
+            continue
+        if not scheduled.same_as(func):
+            updates[gv] = scheduled
+    if not updates:
+        return mod
+    out = mod.clone()
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -25,13 +25,31 @@ def _config(args) -> RammerConfig:
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     if model:
         p.add_argument("model", help="ONNX model file")
+        p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                       type=_shape_flag,
+                       help="static shape of a model input, e.g. --input-shape input=1x3x224x224 "
+                            "(repeatable); rPrograms need static shapes")
+        p.add_argument("--batch", type=_positive_int, default=None, metavar="N",
+                       help="bind every symbolic leading (batch) dimension of the inputs to N")
     p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="rammer target tag or any CUDA target tag (default: %(default)s)")
-    p.add_argument("--max-rtask-threads", type=int, default=256)
-    p.add_argument("--veus-per-sm", type=int, default=None)
-    p.add_argument("--num-sms", type=int, default=None)
-    p.add_argument("--selection", default="paper", choices=["paper", "fastest", "efficient"])
-    p.add_argument("--merge", default="paper", choices=["paper", "always", "never"])
+                   help="a tag (rammer/nvidia-h100, nvidia/nvidia-a100, ...), a JSON dict "
+                        "('{\"kind\": \"cuda\", \"arch\": \"sm_80\"}') or the CLI form "
+                        "'cuda -arch=sm_80' (default: %(default)s)")
+    p.add_argument("--max-rtask-threads", type=int, default=256,
+                   choices=[32, 64, 128, 256, 512, 1024],
+                   help="threads per rTask that dlight may use; bounds the vEU width "
+                        "(default: %(default)s)")
+    p.add_argument("--veus-per-sm", type=_positive_int, default=None, metavar="N",
+                   help="cap the vEUs (resident thread blocks) per SM, 1 to 32; default: what "
+                        "the rKernels' threads, shared memory and registers allow")
+    p.add_argument("--num-sms", type=_positive_int, default=None, metavar="N",
+                   help="SMs of the vDevice; default: the local GPU's, else the target arch's")
+    p.add_argument("--selection", default="paper", choices=["paper", "fastest", "efficient"],
+                   help="rKernel selection rule of the policy (paper = Algorithm 1; the others "
+                        "are ablations; default: %(default)s)")
+    p.add_argument("--merge", default="paper", choices=["paper", "always", "never"],
+                   help="rProgram merge rule of the policy (paper = Algorithm 1; default: "
+                        "%(default)s)")
     p.add_argument("--profile-db", default=None, metavar="PATH",
                    help="profile database to read and, on a GPU of the target's arch, extend "
                         "(*.json: JSON, else sqlite3); default: the per-user cache under "
@@ -64,6 +82,71 @@ def _timed(args, run):
     if args.timings:
         print(format_timings(progress, extra), file=sys.stderr)
     return result
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _shape_flag(text: str) -> tuple:
+    """argparse type of --input-shape: NAME=DIMS -> (NAME, dims)."""
+    from .shapes import parse_shape_flag
+    try:
+        return parse_shape_flag(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _bind_model(args) -> None:
+    """Load the model argument once, with --input-shape / --batch bound (compile, inspect, run and
+    tune take a ModelProto as well as a path)."""
+    if not hasattr(args, "input_shape") or (not args.input_shape and args.batch is None):
+        return  # (`model` and `bench` have a --batch of their own: the batch they build)
+    from .frontend import load_onnx
+    from .shapes import bind_shapes
+    shapes = {}
+    for name, dims in args.input_shape:
+        if name in shapes and shapes[name] != dims:
+            raise ValueError(f"--input-shape {name} given twice ({shapes[name]} and {dims})")
+        shapes[name] = dims
+    args.model_name = args.model
+    args.model = bind_shapes(load_onnx(args.model), shapes, args.batch)
+
+
+def _model_name(args) -> str:
+    """The model as the user named it (``args.model`` is a ModelProto once shapes are bound)."""
+    return str(getattr(args, "model_name", args.model))
+
+
+def _output_path(path: str) -> str:
+    """argparse type of -o: a file that can be written (checked before anything is compiled)."""
+    try:
+        check_output(path)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return path
+
+
+def check_output(path: str) -> None:
+    """Fail before compiling when ``path`` cannot be written (ValueError saying why)."""
+    import os
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"-o {path!r} is a directory; name the library file, e.g. "
+                         f"{os.path.join(path, 'model.so')}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"-o {path!r}: the directory {folder!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"-o {path!r}: the directory {folder!r} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"-o {path!r} exists and is not writable")
 
 
 def cmd_compile(args) -> int:
@@ -117,7 +200,7 @@ def cmd_inspect(args) -> int:
     if args.timeline:
         from .timeline import predict_all, schedules_of
         timelines = predict_all(schedules_of(lowered))
-        _write_timeline(args.timeline, timelines, f"{args.model}: predicted timeline")
+        _write_timeline(args.timeline, timelines, f"{_model_name(args)}: predicted timeline")
         summary["timeline"] = _timeline_shares(timelines, args.brief)
     if args.json:
         summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
@@ -140,7 +223,7 @@ def cmd_run(args) -> int:
     if args.timeline:
         found = runner.run_timeline(args.model, args.target, config, seed=args.seed)
         timelines = found["predicted"] + found["measured"]
-        _write_timeline(args.timeline, timelines, f"{args.model}: predicted and measured timeline")
+        _write_timeline(args.timeline, timelines, f"{_model_name(args)}: predicted and measured timeline")
         result["timeline"] = {"max_rel_err": found["max_rel_err"],
                               "rprograms": _timeline_shares(timelines, False)}
         if args.record_in_context:
@@ -164,12 +247,59 @@ def cmd_model(args) -> int:
     params = {}
     for item in args.param:
         key, _, value = item.partition("=")
-        if not _:
-            raise ValueError(f"--param {item!r}: use NAME=VALUE")
-        params[key] = json.loads(value) if value[:1] in "0123456789-[{tf" else value
+        if not _ or not key.strip():
+            raise ValueError(f"--param {item!r}: use NAME=VALUE, e.g. --param n=16")
+        params[key.strip()] = _param_value(value.strip())
+    _check_params(args.name, params)
     onnx.save(get_model(args.name, batch=args.batch, **params), args.output)
     print(f"wrote {args.output}")
     return 0
+
+
+def _param_value(text: str):
+    """A --param value: an int, a float, a boolean (true/false), a JSON list or dict, else the
+    string itself (``activation=tanh``)."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text[:1] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--param value {text!r} is not valid JSON: {err}") from None
+    return text
+
+
+def _check_params(name: str, params: dict) -> None:
+    """ValueError naming the builder's arguments when --param names one it does not take."""
+    import inspect
+
+    from .models import MODELS
+    if name not in MODELS:
+        return  # get_model names the valid models
+    known = [p for p in inspect.signature(MODELS[name]).parameters if p != "batch"]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"model {name!r} has no argument {', '.join(map(repr, unknown))}; "
+                         f"its arguments: {', '.join(known)} (see `tvm-rammer model --help`)")
+
+
+def _model_list() -> str:
+    """One line per bundled model: its name and builder arguments (for ``model --help``)."""
+    import inspect
+
+    from .models import MODELS
+    lines = []
+    for name in sorted(MODELS):
+        params = [f"{p.name}={p.default!r}" for p in inspect.signature(MODELS[name]).parameters
+                  .values() if p.default is not inspect.Parameter.empty and p.name != "batch"]
+        lines.append(f"  {name}: {', '.join(params)}")
+    return "models and their --param arguments:\n" + "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="compile an ONNX model to a library")
     _add_common(p)
-    p.add_argument("-o", "--output", required=True, help="output library (.so)")
+    p.add_argument("-o", "--output", required=True, type=_output_path,
+                   help="output library (.so; .tar for an archive); its directory must exist")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
     _add_common(p)
@@ -192,9 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("run", help="run on the GPU, compare with onnxruntime, time vs TVM default")
     _add_common(p)
-    p.add_argument("--runs", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--runs", type=_positive_int, default=200,
+                   help="timed runs per pipeline; the median is reported (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--timeline", metavar="OUT", default=None,
                    help="also build the instrumented kernel, run it and write the measured and "
                         "predicted per-vEU timelines: OUT.json (Perfetto) and OUT.png")
@@ -205,12 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job: compile the bundled 16-branch model, print its "
                                     "schedule, run and check it when a GPU is present")
     _add_common(p, model=False)
-    p.add_argument("--branches", type=int, default=16)
+    p.add_argument("--branches", type=_positive_int, default=16,
+                   help="parallel GEMV branches of the demo model (default: %(default)s)")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("model", help="write a bundled model (tvm_rammer.models) as ONNX")
-    p.add_argument("name")
-    p.add_argument("-o", "--output", required=True)
-    p.add_argument("--batch", type=int, default=1)
+    from .models import MODELS
+    p = sub.add_parser("model", help="write a bundled model (tvm_rammer.models) as ONNX",
+                       epilog=_model_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help=f"one of: {', '.join(sorted(MODELS))}")
+    p.add_argument("-o", "--output", required=True, type=_output_path, help="ONNX file to write")
+    p.add_argument("--batch", type=_positive_int, default=1,
+                   help="batch size built into the model (default: %(default)s)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="builder argument, e.g. --param n=16 --param join=sum")
     p.set_defaults(func=cmd_model)
@@ -227,6 +363,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(message)s")
     try:
+        if hasattr(args, "max_rtask_threads"):
+            _config(args)  # bad option values fail before any model is loaded
+        _bind_model(args)  # --input-shape / --batch, for every command that takes a model file
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
         print(f"tvm-rammer: error: {err}", file=sys.stderr)

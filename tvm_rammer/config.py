@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SELECTIONS = ("paper", "fastest", "efficient")
+MAX_VEUS_PER_SM = 32   # resident thread blocks per SM, the most any supported GPU holds (sm_70-sm_100)
+MAX_SMS = 1024         # several times any GPU's SM count (H100 SXM: 132, B200: 148)
 MERGES = ("paper", "always", "never")
 
 
@@ -74,10 +76,25 @@ class RammerConfig:
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
             raise ValueError(
                 f"max_rtask_threads={self.max_rtask_threads}: use a power of two in [32, 1024]")
-        if self.num_sms is not None and self.num_sms <= 0:
-            raise ValueError(f"num_sms={self.num_sms} must be positive")
-        if self.veus_per_sm is not None and self.veus_per_sm <= 0:
-            raise ValueError(f"veus_per_sm={self.veus_per_sm} must be positive")
+        for name in ("num_sms", "veus_per_sm", "max_waits_per_op"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name}={value!r} must be an integer or None")
+        if self.num_sms is not None and not 1 <= self.num_sms <= MAX_SMS:
+            raise ValueError(
+                f"num_sms={self.num_sms}: use the GPU's SM count (1 to {MAX_SMS}; H100 SXM has 132) "
+                "or leave it unset for the local GPU's, else the target arch's preset")
+        if self.veus_per_sm is not None and not 1 <= self.veus_per_sm <= MAX_VEUS_PER_SM:
+            raise ValueError(
+                f"veus_per_sm={self.veus_per_sm}: an SM holds at most {MAX_VEUS_PER_SM} thread "
+                f"blocks (vEUs); use 1 to {MAX_VEUS_PER_SM}, or leave it unset for the occupancy "
+                "the rKernels allow")
+        if self.max_waits_per_op is not None and self.max_waits_per_op < 1:
+            raise ValueError(f"max_waits_per_op={self.max_waits_per_op} must be >= 1 (or None: "
+                             "no limit)")
+        if self.launch_us < 0 or self.barrier_us < 0:
+            raise ValueError(f"launch_us={self.launch_us}, barrier_us={self.barrier_us}: "
+                             "cost-model times cannot be negative")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection={self.selection!r}: choose one of {SELECTIONS}")
         if self.merge not in MERGES:

@@ -21,11 +21,13 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 
 def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=None,
-                    timings: list | None = None) -> tuple:
+                    timings: list | None = None, shapes: dict | None = None,
+                    batch: int | None = None) -> tuple:
     """``(summary, rammer-lowered module)``: :func:`inspect_model`'s dict and the module it read
     (``timeline.schedules_of`` takes the predicted timeline from it). ``timings``: a list that gets
-    ("TVM default pipeline", seconds) for the baseline's lowering."""
-    mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
+    ("TVM default pipeline", seconds) for the baseline's lowering; ``shapes`` / ``batch`` bind an
+    ONNX model's symbolic inputs (``frontend.import_onnx``)."""
+    mod = model if isinstance(model, tvm.IRModule) else import_onnx(model, shapes, batch)
     rammer_mod = lower(mod, target, config, profiler)
     start = time.perf_counter()
     default_mod = lower_default(mod, target)
@@ -35,6 +37,8 @@ def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=
 
 
 def inspect_model(model, target, config: RammerConfig | None = None, profiler=None,
-                  timings: list | None = None) -> dict:
-    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize)."""
-    return inspect_lowered(model, target, config, profiler, timings)[0]
+                  timings: list | None = None, shapes: dict | None = None,
+                  batch: int | None = None) -> dict:
+    """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize).
+    ``shapes`` / ``batch`` bind an ONNX model's symbolic inputs (``frontend.import_onnx``)."""
+    return inspect_lowered(model, target, config, profiler, timings, shapes, batch)[0]

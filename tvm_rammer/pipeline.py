@@ -19,20 +19,26 @@ constraint on its right.
 
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import relax
 
 from relay_passes.branch_fusion import BranchPreservingFusion
+from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
+from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_to_slices import SplitToSlices
-from tir_templates.default_schedule import default_schedule_pass
+from tir_templates.default_schedule import default_schedule_each
 
 from .backend import RammerBackend
 from .config import RammerConfig
-from .target import is_rammer_target, register_tags, rkernel_target
+from .shapes import unbound_message, unbound_params
+from .target import is_rammer_target, plain_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
+LOG = logging.getLogger("tvm_rammer")
 
 
 def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None) -> list:
@@ -44,6 +50,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     timeline = [ReturnTimelines()] if config.timeline else []
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
+        *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
@@ -51,11 +58,25 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *fusion,                                       # never joins two independent branches
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
         StashUnscheduled(),                            # rKernel versions re-schedule these
-        _with_target(rkernel_target(target, config), default_schedule_pass()),  # rKernels = dlight blocks
+        _with_target(rkernel_target(target, config), default_schedule_each),  # rKernels = dlight blocks
         _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
         *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
+    ]
+
+
+def inference_passes() -> list:
+    """Exported models carry training-time structure that would split rPrograms: inference
+    BatchNormalization (a multi-kernel op that cannot become rTasks) and outputs nobody reads
+    (BatchNorm's running statistics, Dropout's mask). Run on high-level Relax, before LegalizeOps."""
+    return [
+        relax.transform.FoldBatchnormToConv2D(),       # conv2d -> BN: BN scales the conv's weights
+        FoldBatchNormToConvBias(),                     # conv2d + bias -> BN (ONNX Conv with B): same
+        relax.transform.DecomposeOpsForInference(),    # other BNs: elementwise ops that fuse as rTasks
+        RemoveInferenceDropout(),                      # Dropout is the identity: no copy kernel
+        relax.transform.CanonicalizeBindings(),        # BN's (out, mean, var) tuples -> plain aliases
+        relax.transform.DeadCodeElimination(),         # unused statistics and masks cost nothing
     ]
 
 
@@ -79,6 +100,11 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
             raise ValueError(
                 f"the rammer pipeline needs a CUDA target, got {tgt}; call "
                 "tvm.compile(mod, target='rammer/nvidia-h100') or pass a CUDA target")
+        unbound = unbound_params(mod)
+        if unbound:  # rTasks need static shapes: never worse than TVM's default pipeline
+            LOG.warning("tvm-rammer: %s", unbound_message(unbound))
+            plain = plain_target(tgt)
+            return relax.get_default_pipeline(plain)(mod)
         with tgt:
             return tvm.transform.Sequential(rammer_passes(tgt, config, profiler))(mod)
 

@@ -14,6 +14,7 @@ from .frontend import import_onnx, load_onnx
 from .gpu import gpu_available
 from .numerics import relative_error
 from .pipeline import rammer_pipeline
+from .shapes import bind_shapes
 from .target import plain_target, resolve_target
 
 ORT_MAX_IR_VERSION = 10  # onnxruntime 1.2x on the CPU machines; the GPU machine takes <= 13
@@ -30,7 +31,9 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
         tensor = value.type.tensor_type
         dims = [d.dim_value for d in tensor.shape.dim]
         if any(d <= 0 for d in dims):
-            raise ValueError(f"input {value.name!r} has a dynamic shape {dims}; give it static dims")
+            raise ValueError(
+                f"input {value.name!r} has a symbolic shape {dims}: bind it with --batch N or "
+                f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.shapes)")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         inputs[value.name] = rng.standard_normal(dims).astype(dtype)
     return inputs
@@ -75,11 +78,13 @@ def execute(ex, inputs: list, dev, runs: int = 200) -> tuple:
 
 
 def run_model(model, target, config: RammerConfig | None = None, runs: int = 200,
-              seed: int = 0, tolerance: float = 1e-4) -> dict:
-    """Compile with rammer and with TVM's default pipeline, run both, compare with onnxruntime."""
+              seed: int = 0, tolerance: float = 1e-4, shapes: dict | None = None,
+              batch: int | None = None) -> dict:
+    """Compile with rammer and with TVM's default pipeline, run both, compare with onnxruntime.
+    ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.shapes.bind_shapes``)."""
     if not gpu_available():
         raise ValueError("no CUDA GPU is visible; `tvm-rammer inspect` shows the schedule without one")
-    proto = load_onnx(model)
+    proto = bind_shapes(load_onnx(model), shapes, batch)
     mod = import_onnx(proto)
     feeds = random_inputs(proto, seed)
     names = [v.name for v in proto.graph.input if v.name in feeds]

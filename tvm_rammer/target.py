@@ -48,11 +48,42 @@ def resolve_target(target) -> tvm.target.Target:
     return rammer_target(target)
 
 
+_LIST_OPTIONS = ("keys", "libs", "mattr")
+
+
+def cli_target_dict(text: str) -> dict | None:
+    """The config dict of a target in the CLI form of older TVM releases (``"cuda -arch=sm_80"``,
+    ``"cuda -arch=sm_90a -max_threads_per_block=1024"``), which TVM 0.27 no longer parses; None
+    when ``text`` is not in that form. Integers become ints, list options (-keys, -libs, -mattr)
+    lists."""
+    parts = text.split()
+    if len(parts) < 2 or parts[0].startswith(("-", "{")) or "/" in parts[0]:
+        return None
+    config = {"kind": parts[0]}
+    for part in parts[1:]:
+        if not part.startswith("-") or "=" not in part:
+            return None
+        key, _, value = part.lstrip("-").partition("=")
+        if key in _LIST_OPTIONS:
+            config[key] = [v for v in value.split(",") if v]
+        elif value.lstrip("-").isdigit():
+            config[key] = int(value)
+        elif value.lower() in ("true", "false"):
+            config[key] = value.lower() == "true"
+        else:
+            config[key] = value
+    return config
+
+
 def _parse(target) -> tvm.target.Target:
+    spec = (cli_target_dict(target) or target) if isinstance(target, str) else target
     try:
-        return tvm.target.Target(target)
+        return tvm.target.Target(spec)
     except Exception as err:  # TVM raises several error types for a bad target string
-        raise ValueError(f"cannot parse target {target!r}: {str(err).splitlines()[0]}") from None
+        raise ValueError(
+            f"cannot parse target {target!r}: {str(err).splitlines()[0].split('. ')[0]}; write a "
+            "tag ('rammer/nvidia-h100', 'nvidia/nvidia-a100'), a dict / JSON string "
+            "('{\"kind\": \"cuda\", \"arch\": \"sm_80\"}') or 'cuda -arch=sm_80'") from None
 
 
 def register_tags() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 
@@ -21,7 +22,8 @@ def register(sub, add_common, make_config):
                    help=f"models of the zoo (default: the Rammer Table-1 six: "
                         f"{' '.join(TABLE1_MODELS)}); valid: {', '.join(sorted(MODELS))}")
     add_common(p, model=False)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=_positive_int, default=1,
+                   help="batch size the models are built with (default: %(default)s)")
     p.add_argument("--runs", type=int, default=200, help="timed runs per system (median reported)")
     p.add_argument("--out", default="benchmarks/results",
                    help="results folder (default: %(default)s)")
@@ -34,9 +36,16 @@ def register(sub, add_common, make_config):
                         "process without a timeout (default: %(default)s)")
     p.add_argument("--systems", default="",
                    help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-chart", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--no-chart", action="store_true", help="write no PNG chart")
     p.set_defaults(func=lambda args: cmd_bench(args, make_config))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
 
 
 def cmd_bench(args, make_config) -> int:
