@@ -174,3 +174,27 @@ def test_barriers_are_bounded_and_the_launch_cooperative():
     assert "__trap()" in source and "spin_limit" in source  # a stuck wait aborts, never hangs
     assert "ld.acquire.gpu" in source and "st.release.gpu" in source
     assert "__launch_bounds__(" in source and ", " in source.split("__launch_bounds__(")[1][:12]
+
+
+def test_a_lowering_with_more_launches_than_tvms_default_is_replaced_by_the_default():
+    """The guard behind 'never more launches than TVM's default pipeline': given a lowering that
+    launches more kernels (here: every operator unfused), the default lowering is kept, with why."""
+    from tir_templates.default_schedule import default_schedule_pass
+    from tvm.relax.backend.cuda import pipeline as cuda_backend
+
+    from tvm_rammer.pipeline import _fewer_launches
+    from tvm_rammer.report import unplaced_operators
+
+    mod = import_onnx(random_dag(5, num_ops=14))
+    plain = tvm.target.Target("nvidia/nvidia-h100")
+    with plain:
+        unfused = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            default_schedule_pass(), *cuda_backend.dataflow_lower_passes(plain),
+            *cuda_backend.finalize_passes(plain)])(mod)
+    kept = _fewer_launches(mod, unfused, tvm.target.Target(TARGET))
+    assert count_launches(kept) < count_launches(unfused)
+    (why,) = unplaced_operators(kept)
+    assert why["name"] == "main" and "TVM's default pipeline is kept" in why["reason"]
+    rammer = lower(mod, TARGET)
+    assert _fewer_launches(mod, rammer, tvm.target.Target(TARGET)) is rammer

@@ -19,6 +19,7 @@ constraint on its right.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import tvm
@@ -33,6 +34,8 @@ from tir_templates.default_schedule import default_schedule_each
 
 from .backend import RammerBackend
 from .config import RammerConfig
+from .launches import count_launches
+from .report import UNPLACED_ATTR, unplaced_operators
 from .shapes import unbound_message, unbound_params
 from .target import is_rammer_target, plain_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled
@@ -106,9 +109,29 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
             plain = plain_target(tgt)
             return relax.get_default_pipeline(plain)(mod)
         with tgt:
-            return tvm.transform.Sequential(rammer_passes(tgt, config, profiler))(mod)
+            lowered = tvm.transform.Sequential(rammer_passes(tgt, config, profiler))(mod)
+        if config.timeline or not unplaced_operators(lowered):
+            return lowered  # every operator in an rProgram: at most as many launches as TVM's
+        return _fewer_launches(mod, lowered, tgt)
 
     return _pipeline
+
+
+def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRModule:
+    """``lowered``, or TVM's default lowering of ``mod`` when that launches fewer kernels: operators
+    left as ordinary kernels are fused less than TVM's FuseOps would, and a model with many of
+    them must never cost more launches than turning tvm-rammer off."""
+    plain = plain_target(target)
+    with plain:
+        default = relax.get_default_pipeline(plain)(mod)
+    ours, theirs = count_launches(lowered), count_launches(default)
+    if ours <= theirs:
+        return lowered
+    reason = (f"the rammer pipeline needs {ours} kernel launches, TVM's default pipeline {theirs}: "
+              "TVM's default pipeline is kept for this model")
+    LOG.warning("tvm-rammer: %s", reason)
+    return default.with_attr(UNPLACED_ATTR, json.dumps([{"name": "main", "reason": reason,
+                                                         "kernel": None}]))
 
 
 def install() -> None:
