@@ -425,7 +425,11 @@ class RammerBackend:
             LOG.warning("tvm-rammer: main is left as ordinary kernels: %s", err)
             return mod.with_attr(UNPLACED_ATTR, json.dumps([{"name": "main", "reason": str(err)}]))
         profiler = self.profiler or make_profiler(target, self.config)
-        result = build_rprograms(graph, mod, target, self.config, profiler)
+        try:
+            result = build_rprograms(graph, mod, target, self.config, profiler)
+        finally:
+            if self.profiler is None:  # ours: stop its build and runner processes
+                profiler.close()
         if not result.rprograms:
             LOG.info("tvm-rammer: no rProgram; every operator stays TVM's default kernel")
         phases = result.phases

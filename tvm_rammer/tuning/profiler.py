@@ -228,6 +228,13 @@ class Profiler:
     def flush(self) -> None:
         self.db.flush()
 
+    def close(self) -> None:
+        """Flush the database and release the device's worker processes (when it has any)."""
+        self.flush()
+        close = getattr(self.device, "close", None)
+        if close is not None:
+            close()
+
     def summary(self) -> dict:
         """Counts of times by source, plus the device they are keyed by."""
         return {"device": self.device_id.key if self.device_id else None,
