@@ -159,9 +159,7 @@ def _lower(func, target, name: str):
         with target:
             mod = tirx.transform.BindTarget(target)(mod)
             mod = tvm.transform.Sequential(_lowering_passes())(mod)
-    except tvm.error.TVMError as err:
-        raise UnsupportedKernel(f"{name}: TVM lowering failed: {_first_line(err)}") from None
-    except (RuntimeError, ValueError, TypeError) as err:
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as err:  # TVM's error types
         raise UnsupportedKernel(f"{name}: TVM lowering failed: {_first_line(err)}") from None
     return mod[name]
 
