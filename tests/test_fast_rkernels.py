@@ -210,7 +210,7 @@ def test_fast_versions_build_for_sm90a_without_spills(name):
     assert usage["shared_bytes"] <= SMEM_STATIC
 
 
-def model_operators(name, **overrides):
+def model_operators(name, config=RammerConfig(), **overrides):
     """{PrimFunc name: unscheduled PrimFunc} of every conv2d / matmul of a zoo model (reduced)."""
     from tvm_rammer.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
@@ -219,7 +219,7 @@ def model_operators(name, **overrides):
     from tvm.s_tir.dlight.analysis import get_root_block
 
     mod = import_onnx(get_model(name, **{**REDUCED[name], **overrides}))
-    mod = pre_schedule_module(mod, rammer_target(TARGET), RammerConfig())
+    mod = pre_schedule_module(mod, rammer_target(TARGET), config)
     found = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):

@@ -120,3 +120,16 @@ def sass_opcodes(sass: str) -> dict:
         op = match.group(1)
         counts[op] = counts.get(op, 0) + 1
     return counts
+
+
+def sass_functions(sass: str) -> dict:
+    """{kernel name: its SASS} of a ``cuobjdump -sass`` listing (split at its "Function : " lines)."""
+    found, name = {}, None
+    for line in sass.splitlines():
+        match = re.match(r"\s*Function\s*:\s*(\S+)", line)
+        if match:
+            name = match.group(1)
+            found[name] = []
+        elif name is not None:
+            found[name].append(line)
+    return {k: "\n".join(v) for k, v in found.items()}

@@ -69,6 +69,7 @@ class GemmForm:
     c_inner: str
     in_dtype: str
     out_dtype: str
+    k_dims: int = 1  # source axes fused into K (conv: C, KH, KW)
 
 
 def _int(expr) -> int | None:
@@ -229,8 +230,10 @@ def gemm_form(func: tirx.PrimFunc, pad: tuple = (1, 1, 1)) -> GemmForm | None:
             return None
         sch, main = _split_groups(sch, main)
         block = sch.get(main)
-        if _iter_kinds(block) is None:
+        kinds = _iter_kinds(block)
+        if kinds is None:
             return None
+        k_dims = kinds[0].count(IterKind.kIter_K)
         inner = _inner_kinds(block)
         in_dtype = str(block.reads[0].source.dtype)
         out_dtype = str(block.writes[0].source.dtype)
@@ -244,11 +247,12 @@ def gemm_form(func: tirx.PrimFunc, pad: tuple = (1, 1, 1)) -> GemmForm | None:
         sch.transform_block_layout(main, matmul_map)
         batch, m, n, k = (_int(sch.get(lp).extent) for lp in sch.get_loops(main))
         pm, pn, pk = pad
+        pm = 1 if m == 1 else pm  # a GEMV has no row axis to pad (pad_einsum would repeat the row)
         if m % pm or n % pn or k % pk:
             sch.pad_einsum(main, [1, pm, pn, pk])
     except Exception:  # pylint: disable=broad-except  (a primitive that fails = does not apply)
         return None
-    return GemmForm(sch, main, batch, m, n, k, *inner, in_dtype, out_dtype)
+    return GemmForm(sch, main, batch, m, n, k, *inner, in_dtype, out_dtype, k_dims)
 
 
 def _fetch_order(sch, block, inner_first: bool):

@@ -19,7 +19,7 @@ rule; it never raises for an operator it does not handle):
 
 The fast families live in their own modules and are listed by :func:`fast_schedules`: implicit-GEMM
 conv2d / grouped conv2d / matmul and small-batch dense (``gemm_templates``), depthwise conv2d
-(``conv_templates``). :func:`template_schedules` lists the variants tried for one operator, by
+(``conv_templates``), tensor-core float16 GEMMs (``mma_templates``). :func:`template_schedules` lists the variants tried for one operator, by
 operator kind (:func:`operator_kind`). Everything here works on the *unscheduled* PrimFunc (after LegalizeOps/FuseTIR,
 before dlight).
 """
@@ -240,11 +240,13 @@ def _padding_waste(form, tile_m: int, tile_n: int) -> float:
     return 1.0 - form.m * form.n / padded
 
 
-def fast_schedules(func: tirx.PrimFunc) -> list[Template]:
-    """The tiled rKernels of a conv2d / matmul (``gemm_templates``, ``conv_templates``), GEMM tiles
-    with the least padding first."""
+def fast_schedules(func: tirx.PrimFunc, target=None) -> list[Template]:
+    """The tiled rKernels of a conv2d / matmul: tensor-core ones for float16 operators on sm_80+
+    ``target`` s (``mma_templates``), then ``gemm_templates`` (GEMM tiles with the least padding
+    first) and ``conv_templates``."""
     from .conv_templates import schedule_depthwise_conv2d
     from .gemm_templates import gemm_form, schedule_gemm_small_batch, schedule_gemm_tiled
+    from .mma_templates import mma_schedules
 
     found: list[Template] = []
 
@@ -252,6 +254,8 @@ def fast_schedules(func: tirx.PrimFunc) -> list[Template]:
         if scheduled is not None:
             found.append(Template(name, scheduled))
 
+    for name, scheduled in mma_schedules(func, target):
+        add(name, scheduled)
     form = gemm_form(func)
     for p in sorted(_GEMM, key=lambda p: (_padding_waste(form, p[0], p[1]), -p[0] * p[1])):
         add("gemm_m{}n{}_t{}x{}_k{}".format(*p), schedule_gemm_tiled(func, *p))
@@ -262,10 +266,10 @@ def fast_schedules(func: tirx.PrimFunc) -> list[Template]:
     return found
 
 
-def template_schedules(func: tirx.PrimFunc) -> list[Template]:
+def template_schedules(func: tirx.PrimFunc, target=None) -> list[Template]:
     """Every template variant that applies to ``func`` (its unscheduled PrimFunc), by operator kind:
-    the tiled ones first (:func:`fast_schedules`); the naive spatial one for a convolution only when
-    nothing tiled applies."""
+    the tiled ones first (:func:`fast_schedules`; ``target`` enables the tensor-core ones); the
+    naive spatial one for a convolution only when nothing tiled applies."""
     kind = operator_kind(func)
     if kind is None:
         return []
@@ -276,7 +280,7 @@ def template_schedules(func: tirx.PrimFunc) -> list[Template]:
             found.append(Template(name, scheduled))
 
     if kind in ("matmul", "gemv", "conv2d", "depthwise_conv2d"):
-        found += fast_schedules(func)
+        found += fast_schedules(func, target)
     if kind == "matmul":
         for p in _TILED:
             add("tiled_matmul_m{}n{}_t{}x{}_k{}".format(*p), schedule_tiled_matmul(func, *p))

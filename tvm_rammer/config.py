@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SELECTIONS = ("paper", "fastest", "efficient")
+PRECISIONS = ("float32", "float16")
 MERGES = ("paper", "always", "never")
 
 
@@ -36,6 +37,9 @@ class RammerConfig:
     tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
     versions: give each operator several rKernel versions (dlight variants, templates, tuning
         database) for SelectRKernels; False: the pipeline's dlight schedule only.
+    precision: "float32" (default) or "float16": the model is converted with Relax
+        ``ToMixedPrecision`` (float16 storage, float32 accumulation in conv2d/matmul), whose GEMMs
+        then get tensor-core rKernel versions on sm_80+ targets.
     """
 
     max_rtask_threads: int = 256
@@ -53,6 +57,7 @@ class RammerConfig:
     profile_db: str | None = None
     tuning_db: str | None = None
     versions: bool = True
+    precision: str = "float32"
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
@@ -66,5 +71,7 @@ class RammerConfig:
             raise ValueError(f"selection={self.selection!r}: choose one of {SELECTIONS}")
         if self.merge not in MERGES:
             raise ValueError(f"merge={self.merge!r}: choose one of {MERGES}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
         if self.spin_limit <= 0:
             raise ValueError(f"spin_limit={self.spin_limit} must be positive")

@@ -39,9 +39,11 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
     fusion = [BranchPreservingFusion()] if config.fusion else []
+    precision = mixed_precision_passes(config)
     schedule = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     return [
+        *precision,                                    # float16: before any op is legalized
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
@@ -55,6 +57,14 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
     ]
+
+
+def mixed_precision_passes(config: RammerConfig) -> list:
+    """``[ToMixedPrecision(out_dtype="float32")]`` for ``precision="float16"`` (float16 storage,
+    conv2d/matmul accumulating in float32), else nothing."""
+    if config.precision == "float16":
+        return [relax.transform.ToMixedPrecision(out_dtype="float32")]
+    return []
 
 
 def _with_target(target, pass_):
