@@ -275,3 +275,10 @@ def test_every_fast_version_matches_the_operator_on_the_gpu(name):
         out = tvm.runtime.tensor(np.zeros_like(expected), dev)
         lib["main"](*args, out)
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4, err_msg=version.name)
+
+
+def test_a_grouped_conv_is_a_gemm_not_a_depthwise_stencil():
+    """Its input channels are a reduction that shifts no image axis: only GEMM versions."""
+    func = fused("grouped")
+    assert schedule_depthwise_conv2d(func, 8, 32, 4) is None
+    assert all(t.name.startswith("gemm_") for t in fast_schedules(func))

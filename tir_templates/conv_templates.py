@@ -59,6 +59,16 @@ def depthwise_axes(block) -> dict | None:
             return None
     if not axes["S"] or len(axes["I"]) != 2 or not axes["K"]:
         return None
+    # a window axis shifts an image axis (input row yy * s + ry); a grouped conv's input channels
+    # (rc) do not: that is a GEMM (gemm_templates)
+    image = {block.iter_vars[n].var for n in axes["I"]}
+    shifted = set()
+    for rng in block.reads[0].region:
+        used = set(tirx.analysis.undefined_vars(rng.min))
+        if used & image:
+            shifted |= used
+    if any(block.iter_vars[n].var not in shifted for n in axes["K"]):
+        return None
     return axes
 
 
