@@ -131,7 +131,7 @@ def test_instantiate_refuses_a_too_small_pool():
 def test_parse_ptxas_info_reads_registers_smem_and_spills():
     log = ("ptxas info    : Function properties for k\n    8 bytes stack frame, 4 bytes spill stores, "
            "4 bytes spill loads\nptxas info    : Used 40 registers, used 2 barriers, 6912 bytes smem\n")
-    assert parse_ptxas_info(log) == {"registers": 40, "shared_bytes": 6912, "spills": 8}
+    assert parse_ptxas_info(log) == {"registers": 40, "shared_bytes": 6912, "spills": 8, "stack_bytes": 8}
 
 
 @pytest.mark.nvcc

@@ -91,7 +91,7 @@ def rebase(stmt, placeholder, arena, offset) -> tirx.Stmt:
             return call
         args = list(call.args)
         args[2] = _shift(args[2], offset)
-        return tvm.ir.Call(call.ty, call.op, args)
+        return tvm.ir.Call(call.op, args, call.attrs, call.ty_args, call.span, ret_ty=call.ty)
 
     return tvm_ffi.structural_map(stmt, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store),
                                          (tvm.ir.Call, access_ptr)])

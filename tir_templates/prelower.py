@@ -6,9 +6,16 @@ vEU's 1-D thread index. Doing that rewrite on *scheduled* s_tir (SBlocks, vthrea
 reductions) would mean re-implementing half of TVM's lowering, so we let TVM do its work first:
 
     BindTarget -> default s_tir pipeline from CanonicalizeLoop up to and including
-    ThreadSync("shared"/"shared.dyn"/"warp"), InferFragment, LowerThreadAllreduce
+    ThreadSync("shared"/"shared.dyn"/"warp"), InferFragment, LowerThreadAllreduce,
+    plus LowerWarpMemory (before CommonSubexprElim) and InjectPTXAsyncCopy
 
-and stop right before ``MergeSharedMemoryAllocations`` / ``SplitHostDevice``. At that point
+and stop right before ``MergeSharedMemoryAllocations`` / ``SplitHostDevice``. The two extra passes
+normally run later (the second only under ``tirx.use_async_copy``, the first on the device
+function), but both need the kernel's own thread extents: "warp"-scope buffers (the tensor-core
+fragments of ldmatrix/mma, indexed by the lane ``threadIdx.x``) become per-thread local arrays, and
+``cp.async`` copies (software pipelines with asynchronous stages) become PTX. LowerWarpMemory runs
+before CSE, which would hide the lane in let-bound variables, and once per warp buffer (one run
+lowers one allocation per statement list). At that point
 vthreads are injected, buffers are flat, block barriers (``tvm_storage_sync("shared")``) are
 placed and reductions are shuffles or shared-memory trees, but the kernel is still one statement
 under ``thread_extent`` AttrStmts. We strip those AttrStmts, remember each axis' Var and extent,
@@ -33,7 +40,8 @@ BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 SMEM_ALIGN = 16
 _SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
-_UNSUPPORTED_SCOPES = {"shared.dyn": "dynamic shared memory", "warp": "warp-scope buffers",
+SHARED_SCOPES = ("shared", "shared.dyn")  # both become views into the vEU's shared-memory pool
+_UNSUPPORTED_SCOPES = {"warp": "warp-scope buffers left after LowerWarpMemory",
                        "global": "global-memory scratch buffers", "": "global-memory scratch buffers"}
 
 
@@ -104,6 +112,7 @@ def _lowering_passes():
         tirx.transform.StmtSimplify(),
         tirx.transform.RemoveNoOp(),
         s_tir.transform.RewriteUnsafeSelect(),
+        _LowerAllWarpMemory(),  # before CSE hides the lane (threadIdx.x) in let-bound variables
         tirx.transform.CommonSubexprElim(),
         tirx.transform.FP8ComputeLegalize(),
         tirx.transform.VerifyMemory(),
@@ -113,6 +122,7 @@ def _lowering_passes():
         s_tir.transform.ThreadSync("warp"),
         s_tir.transform.InferFragment(),
         s_tir.transform.LowerThreadAllreduce(),
+        s_tir.transform.InjectPTXAsyncCopy(),
     ]
 
 
@@ -159,11 +169,32 @@ def _lower(func, target, name: str):
         with target:
             mod = tirx.transform.BindTarget(target)(mod)
             mod = tvm.transform.Sequential(_lowering_passes())(mod)
-    except tvm.error.TVMError as err:
-        raise UnsupportedKernel(f"{name}: TVM lowering failed: {_first_line(err)}") from None
-    except (RuntimeError, ValueError, TypeError) as err:
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as err:  # TVM's error types
         raise UnsupportedKernel(f"{name}: TVM lowering failed: {_first_line(err)}") from None
     return mod[name]
+
+
+def _warp_buffers(func) -> int:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, lambda n: found.append(n)
+                                        if n.buffer.scope() == "warp" else None))
+    return len(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="LowerAllWarpMemory")
+class _LowerAllWarpMemory:
+    """"warp" buffers -> per-thread local arrays (TVM's LowerWarpMemory lowers the first warp
+    allocation of each statement list per run: it runs until none is left or none changes)."""
+
+    def transform_module(self, mod, _ctx):
+        remaining = sum(_warp_buffers(f) for f in mod.functions.values())
+        while remaining:
+            mod = tirx.transform.LowerWarpMemory()(mod)
+            left = sum(_warp_buffers(f) for f in mod.functions.values())
+            if left >= remaining:
+                break  # _shared_usage reports what is left
+            remaining = left
+        return mod
 
 
 def _is_thread_extent(node) -> bool:
@@ -240,13 +271,14 @@ def aligned_bytes(buf) -> int:
 
 
 def _shared_usage(body, name: str):
-    """(static shared bytes, any volatile shared allocation); rejects dyn-shared and warp scopes."""
+    """(shared bytes, static and dynamic, any volatile shared allocation); rejects global scratch
+    buffers and warp buffers LowerWarpMemory could not lower."""
     total, volatile = 0, False
     for alloc in _allocations(body):
         scope = alloc.buffer.scope()
         if scope in _UNSUPPORTED_SCOPES:
             raise UnsupportedKernel(f"{name}: {_UNSUPPORTED_SCOPES[scope]} ({alloc.buffer.name}) are not supported")
-        if scope == "shared":
+        if scope in SHARED_SCOPES:
             total += aligned_bytes(alloc.buffer)
             volatile = volatile or "tirx.volatile" in (alloc.annotations or {})
     return total, volatile
@@ -272,7 +304,7 @@ def prelower(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel
     """Lower a dlight-scheduled single-kernel PrimFunc and describe it as rTasks.
 
     Raises ``UnsupportedKernel`` for dynamic shapes, unscheduled functions, several kernels,
-    dynamic shared memory, warp-scope buffers, grid-wide syncs or launch parameters.
+    global scratch buffers, grid-wide syncs or launch parameters.
     """
     if not isinstance(func, tirx.PrimFunc):
         raise UnsupportedKernel(f"{name}: expected a tirx.PrimFunc, got {type(func).__name__}")
@@ -291,8 +323,8 @@ def prelower(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel
     body = _strip_launches(lowered.body, alias)
     shared_bytes, volatile = _shared_usage(body, name)
     scopes = _sync_scopes(body)
-    if scopes - {"shared", "warp"}:
-        raise UnsupportedKernel(f"{name}: unsupported barrier scope(s) {sorted(scopes - {'shared', 'warp'})}")
+    if scopes - {*SHARED_SCOPES, "warp"}:
+        raise UnsupportedKernel(f"{name}: unsupported barrier scope(s) {sorted(scopes - {*SHARED_SCOPES, 'warp'})}")
     return LoweredKernel(
         name=name,
         body=body,
@@ -303,6 +335,6 @@ def prelower(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel
         grid=_dims(axes, BLOCK_AXES),
         block=_dims(axes, THREAD_AXES),
         shared_bytes=shared_bytes,
-        has_sync="shared" in scopes,
+        has_sync=bool(scopes & set(SHARED_SCOPES)),
         volatile_shared=volatile,
     )

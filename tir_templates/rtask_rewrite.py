@@ -12,9 +12,10 @@ It runs rTasks of different kernels one after another, so for each rTask we emit
   barrier ``bar.sync barrier_id, kernel.threads`` over the active threads only (``bar.sync`` counts
   whole warps, hence kernels with barriers need a thread count that is a multiple of 32). Warp
   shuffles of lowered allreduces stay correct because the active threads are whole warps;
-* every shared allocation turned into a typed view at a 16-byte aligned offset of one ``uint8``
-  pool that the persistent kernel allocates once (sized to its largest rTask), accesses shifted
-  by the offset exactly like TVM's ``MergeSharedMemoryAllocations`` does;
+* every shared allocation ("shared" or "shared.dyn") turned into a typed view at a 16-byte aligned
+  offset of one ``uint8`` pool that the persistent kernel allocates once (sized to its largest rTask;
+  dynamic shared memory when that exceeds the 48 KB of static shared memory), accesses shifted by
+  the offset exactly like TVM's ``MergeSharedMemoryAllocations`` does;
 * the pool touched once as uint8 so TVM's StorageRewrite, which runs again over the persistent
   kernel, cannot retype it to the views' element type (see ``_keep_pool_bytes``);
 * every Var defined inside (loop vars, lets, buffers) renamed to a fresh Var, so one persistent
@@ -31,7 +32,7 @@ from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.tirx.buffer import buffer_data, is_buffer_var
 
-from .prelower import BLOCK_AXES, THREAD_AXES, LoweredKernel, UnsupportedKernel, aligned_bytes
+from .prelower import BLOCK_AXES, SHARED_SCOPES, THREAD_AXES, LoweredKernel, UnsupportedKernel, aligned_bytes
 
 NAMED_BARRIER = "rammer_named_barrier"
 NAMED_BARRIER_SOURCE = f"""
@@ -112,8 +113,8 @@ def _check_args(kernel: LoweredKernel, data_vars, veu_threads: int, smem_pool) -
     if veu_threads < kernel.threads:
         raise ValueError(f"{kernel.name}: needs {kernel.threads} threads but the vEU has {veu_threads}")
     if smem_pool is not None:
-        if not is_buffer_var(smem_pool) or smem_pool.scope() != "shared":
-            raise TypeError(f"smem_pool must be a uint8 buffer Var in 'shared' scope, got {smem_pool}")
+        if not is_buffer_var(smem_pool) or smem_pool.scope() not in SHARED_SCOPES:
+            raise TypeError(f"smem_pool must be a uint8 buffer Var in 'shared' or 'shared.dyn' scope, got {smem_pool}")
         if aligned_bytes(smem_pool) < kernel.shared_bytes:
             raise ValueError(f"{kernel.name}: shared pool smaller than the {kernel.shared_bytes} bytes it needs")
 
@@ -146,12 +147,13 @@ def early_exit_problem(kernel: LoweredKernel, veu_threads: int):
 
 
 def _pool_offsets(body) -> dict:
-    """{shared buffer Var: byte offset in the pool}, each 16-byte aligned, in allocation order."""
+    """{shared buffer Var: byte offset in the pool}, each 16-byte aligned, in allocation order
+    (static and dynamic shared buffers alike: the pool serves both)."""
     offsets, offset = {}, 0
     allocs = []
     tvm_ffi.structural_walk(body, (tirx.AllocBuffer, allocs.append))
     for alloc in allocs:
-        if alloc.buffer.scope() == "shared":
+        if alloc.buffer.scope() in SHARED_SCOPES:
             offsets[alloc.buffer] = offset
             offset += aligned_bytes(alloc.buffer)
     return offsets
@@ -197,12 +199,15 @@ def _into_pool(body, pool):
         return tirx.BufferStore(node.buffer, node.value, [_shift(node.indices[0], elems(node.buffer))])
 
     def access_ptr(call):
+        # tvm_access_ptr(T, view, offset, ...) -> &view[offset + shift]: the address LowerIntrin would
+        # make of it, but through the view, so that the pool's element type does not matter (an
+        # access_ptr is checked against the type of the buffer it resolves to: the uint8 pool)
         buf = _access_ptr_buffer(call)
         if buf is None or buf not in offsets:
             return call
-        args = list(call.args)
-        args[2] = _shift(args[2], offsets[buf] // tvm.DataType(_dtype(args[0])).itemsize)
-        return tvm.ir.Call(call.ty, call.op, args)
+        if _dtype(call.args[0]) != str(buf.dtype):
+            raise UnsupportedKernel(f"tvm_access_ptr of {_dtype(call.args[0])} into the {buf.dtype} buffer {buf.name}")
+        return tirx.address_of(tirx.BufferLoad(buf, [_shift(call.args[2], elems(buf))]))
 
     return tvm_ffi.structural_map(body, [
         (tirx.AllocBuffer, alloc), (tvm.ir.TensorLoad, load), (tirx.BufferStore, store), (tvm.ir.Call, access_ptr),
@@ -233,7 +238,7 @@ def _named_barriers(body, barrier_id: int, nthreads: int):
     """Block barriers become ``bar.sync barrier_id, nthreads`` over the active threads only."""
 
     def rewrite(call):
-        if call.op.same_as(_SYNC_OP) and call.args[0].value == "shared":
+        if call.op.same_as(_SYNC_OP) and call.args[0].value in SHARED_SCOPES:
             return cuda_func_call(NAMED_BARRIER, tirx.const(barrier_id, "int32"), tirx.const(nthreads, "int32"),
                                   source_code=NAMED_BARRIER_SOURCE)
         return call

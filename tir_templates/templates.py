@@ -17,8 +17,10 @@ rule; it never raises for an operator it does not handle):
   are the output rows and columns): ``tile_m x tile_n`` outputs per rTask, ``thread_m x thread_n`` per
   thread accumulated in registers, operands staged through shared memory ``tile_k`` at a time.
 
-:func:`template_schedules` lists the variants this module tries for one operator, by operator kind
-(:func:`operator_kind`). Everything here works on the *unscheduled* PrimFunc (after LegalizeOps/FuseTIR,
+The fast families live in their own modules and are listed by :func:`fast_schedules`: implicit-GEMM
+conv2d / grouped conv2d / matmul and small-batch dense (``gemm_templates``), depthwise conv2d
+(``conv_templates``), tensor-core float16 GEMMs (``mma_templates``). :func:`template_schedules` lists the variants tried for one operator, by
+operator kind (:func:`operator_kind`). Everything here works on the *unscheduled* PrimFunc (after LegalizeOps/FuseTIR,
 before dlight).
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 
 __all__ = ["Template", "operator_kind", "schedule_spatial", "schedule_cross_thread",
-           "schedule_tiled_matmul", "template_schedules"]
+           "schedule_tiled_matmul", "fast_schedules", "template_schedules"]
 
 
 @dataclass(frozen=True)
@@ -220,10 +222,54 @@ def schedule_tiled_matmul(func: tirx.PrimFunc, tile_m: int, tile_n: int, thread_
 _SPATIAL = ((64, 1), (128, 1), (256, 1), (128, 4), (256, 4))
 _CROSS = ((1, 128), (4, 64), (8, 32), (16, 16))
 _TILED = ((64, 64, 4, 4, 8), (32, 32, 2, 2, 16), (32, 64, 4, 4, 16), (16, 16, 1, 2, 16), (16, 32, 2, 2, 16))
+# implicit GEMM (conv2d, grouped conv2d) and matmul/dense: (tile_m, tile_n, thread_m, thread_n, tile_k)
+_GEMM = ((128, 64, 8, 4, 8), (64, 128, 4, 8, 8), (64, 64, 4, 4, 16), (128, 128, 8, 8, 8),
+         (32, 64, 4, 4, 16), (64, 32, 4, 4, 16), (32, 32, 4, 4, 16), (64, 16, 4, 2, 16),
+         (32, 16, 2, 2, 8))
+# dense at batch 1 to 16: (columns per thread, column threads, threads splitting k)
+_SMALL_BATCH = ((4, 8, 8), (4, 16, 8), (2, 16, 16), (1, 8, 32), (4, 32, 4), (1, 16, 16))
+# depthwise conv2d: (tile_h, tile_w, outputs per thread)
+_DEPTHWISE = ((8, 32, 4), (16, 32, 4), (8, 16, 2), (16, 16, 2), (4, 16, 1))
 
 
-def template_schedules(func: tirx.PrimFunc) -> list[Template]:
-    """Every template variant that applies to ``func`` (its unscheduled PrimFunc), by operator kind."""
+def _padding_waste(form, tile_m: int, tile_n: int) -> float:
+    """Fraction of a GEMM's padded output tiles that is padding (0 when it is not a GEMM)."""
+    if form is None:
+        return 0.0
+    padded = math.ceil(form.m / tile_m) * tile_m * math.ceil(form.n / tile_n) * tile_n
+    return 1.0 - form.m * form.n / padded
+
+
+def fast_schedules(func: tirx.PrimFunc, target=None) -> list[Template]:
+    """The tiled rKernels of a conv2d / matmul: tensor-core ones for float16 operators on sm_80+
+    ``target`` s (``mma_templates``), then ``gemm_templates`` (GEMM tiles with the least padding
+    first) and ``conv_templates``."""
+    from .conv_templates import schedule_depthwise_conv2d
+    from .gemm_templates import gemm_form, schedule_gemm_small_batch, schedule_gemm_tiled
+    from .mma_templates import mma_schedules
+
+    found: list[Template] = []
+
+    def add(name, scheduled):
+        if scheduled is not None:
+            found.append(Template(name, scheduled))
+
+    for name, scheduled in mma_schedules(func, target):
+        add(name, scheduled)
+    form = gemm_form(func)
+    for p in sorted(_GEMM, key=lambda p: (_padding_waste(form, p[0], p[1]), -p[0] * p[1])):
+        add("gemm_m{}n{}_t{}x{}_k{}".format(*p), schedule_gemm_tiled(func, *p))
+    for p in _SMALL_BATCH:
+        add("small_batch_v{}_n{}_k{}".format(*p), schedule_gemm_small_batch(func, *p))
+    for p in _DEPTHWISE:
+        add("depthwise_h{}w{}_t{}".format(*p), schedule_depthwise_conv2d(func, *p))
+    return found
+
+
+def template_schedules(func: tirx.PrimFunc, target=None) -> list[Template]:
+    """Every template variant that applies to ``func`` (its unscheduled PrimFunc), by operator kind:
+    the tiled ones first (:func:`fast_schedules`; ``target`` enables the tensor-core ones); the
+    naive spatial one for a convolution only when nothing tiled applies."""
     kind = operator_kind(func)
     if kind is None:
         return []
@@ -233,13 +279,17 @@ def template_schedules(func: tirx.PrimFunc) -> list[Template]:
         if scheduled is not None:
             found.append(Template(name, scheduled))
 
+    if kind in ("matmul", "gemv", "conv2d", "depthwise_conv2d"):
+        found += fast_schedules(func, target)
     if kind == "matmul":
         for p in _TILED:
             add("tiled_matmul_m{}n{}_t{}x{}_k{}".format(*p), schedule_tiled_matmul(func, *p))
     if kind in ("gemv", "reduction"):
         for rows, red in _CROSS:
             add(f"cross_thread_r{rows}x{red}", schedule_cross_thread(func, rows, red))
-    if kind in ("conv2d", "depthwise_conv2d", "matmul", "gemv", "reduction", "elementwise"):
+    tiled_conv = kind in ("conv2d", "depthwise_conv2d") and found
+    if kind in ("conv2d", "depthwise_conv2d", "matmul", "gemv", "reduction", "elementwise") \
+            and not tiled_conv:
         for threads, per in _SPATIAL:
             add(f"spatial_t{threads}x{per}", schedule_spatial(func, threads, per))
     return found

@@ -19,7 +19,8 @@ def _config(args) -> RammerConfig:
     return RammerConfig(max_rtask_threads=args.max_rtask_threads, veus_per_sm=args.veus_per_sm,
                         num_sms=args.num_sms, selection=args.selection, merge=args.merge,
                         profile=not args.no_profile, profile_db=args.profile_db,
-                        tuning_db=args.tuning_db, versions=not args.no_versions)
+                        tuning_db=args.tuning_db, versions=not args.no_versions,
+                        precision=args.precision)
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -59,6 +60,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                         "schedule, timed by the analytical model")
     p.add_argument("--tuning-db", default=None, metavar="DIR",
                    help="MetaSchedule database directory: its schedules become rKernel versions")
+    p.add_argument("--precision", default="float32", choices=["float32", "float16"],
+                   help="float16: ToMixedPrecision (fp16 storage, fp32 accumulation) and "
+                        "tensor-core rKernels (default: %(default)s)")
     p.add_argument("--no-versions", action="store_true",
                    help="one rKernel per operator (the pipeline's dlight schedule)")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 SELECTIONS = ("paper", "fastest", "efficient")
 MAX_VEUS_PER_SM = 32   # resident thread blocks per SM, the most any supported GPU holds (sm_70-sm_100)
 MAX_SMS = 1024         # several times any GPU's SM count (H100 SXM: 132, B200: 148)
+PRECISIONS = ("float32", "float16")
 MERGES = ("paper", "always", "never")
 
 
@@ -51,6 +52,9 @@ class RammerConfig:
         per rTask and barrier-rTask its vEU, SM, start and end into a per-run buffer, and ``main``
         returns ``(its outputs, (one timeline buffer per rProgram, ...))``. A separate build for
         looking inside the kernel; every choice is still made on the uninstrumented kernels.
+    precision: "float32" (default) or "float16": the model is converted with Relax
+        ``ToMixedPrecision`` (float16 storage, float32 accumulation in conv2d/matmul), whose GEMMs
+        then get tensor-core rKernel versions on sm_80+ targets.
     """
 
     max_rtask_threads: int = 256
@@ -71,6 +75,7 @@ class RammerConfig:
     tuning_db: str | None = None
     versions: bool = True
     timeline: bool = False
+    precision: str = "float32"
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
@@ -101,5 +106,7 @@ class RammerConfig:
             raise ValueError(f"merge={self.merge!r}: choose one of {MERGES}")
         if self.rprogram_profiles < 0:
             raise ValueError(f"rprogram_profiles={self.rprogram_profiles} must be >= 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
         if self.spin_limit <= 0:
             raise ValueError(f"spin_limit={self.spin_limit} must be positive")

@@ -51,9 +51,11 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
 
     fusion = [BranchPreservingFusion()] if config.fusion else []
     timeline = [ReturnTimelines()] if config.timeline else []
+    precision = mixed_precision_passes(config)
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
+        *precision,                                    # float16: after BN folding (in fp32), before legalizing
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
@@ -81,6 +83,14 @@ def inference_passes() -> list:
         relax.transform.CanonicalizeBindings(),        # BN's (out, mean, var) tuples -> plain aliases
         relax.transform.DeadCodeElimination(),         # unused statistics and masks cost nothing
     ]
+
+
+def mixed_precision_passes(config: RammerConfig) -> list:
+    """``[ToMixedPrecision(out_dtype="float32")]`` for ``precision="float16"`` (float16 storage,
+    conv2d/matmul accumulating in float32), else nothing."""
+    if config.precision == "float16":
+        return [relax.transform.ToMixedPrecision(out_dtype="float32")]
+    return []
 
 
 def _with_target(target, pass_):

@@ -108,6 +108,16 @@ MAX_BLOCKS_PER_RTASK = 256
 MIN_COARSE_RTASKS = 16
 
 
+def _fits(lowered, vdevice: VDevice) -> bool:
+    """Whether one rTask of ``lowered`` fits a vEU on an SM (e.g. not over the shared-memory limit
+    per block: a tensor-core version with large tiles may be)."""
+    try:
+        vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
+    except ValueError:
+        return False
+    return True
+
+
 def coarsenings(blocks: int) -> list:
     """Blocks per rTask offered for a kernel of ``blocks`` thread blocks: 1, then powers of two up
     to ``MAX_BLOCKS_PER_RTASK`` while at least ``MIN_COARSE_RTASKS`` rTasks remain. The policy's
@@ -159,6 +169,10 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
         keep = [i for i, (rec, _) in enumerate(records) if _trusted(rec)]
     else:
         keep = [base]
+    keep = [i for i in keep if _fits(versions[i].lowered, vdevice)]
+    if not keep:
+        raise UnsupportedKernel(f"{name}: its rKernel needs more than one SM of {vdevice} holds "
+                                "(threads or shared memory)")
     for v in dropped:
         LOG.info("tvm-rammer: %s version %s dropped: %s", name, v["version"], v["reason"])
     flops, nbytes = flops_and_bytes(func)

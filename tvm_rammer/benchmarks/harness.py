@@ -35,7 +35,6 @@ SCHEMA = "tvm-rammer-bench/1"
 TABLE1_MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq2seq")
 NO_GPU = "timing needs a GPU: none visible"
 EVENT_PREFIX = "@@bench "
-TOLERANCE = 1e-3  # max relative error vs onnxruntime before a system is timed
 
 
 @dataclass
@@ -176,6 +175,7 @@ def bench_model(job: dict, emit) -> None:
         return max(errs) if errs else 0.0
 
     config = RammerConfig(**job["config"])
+    tolerance = sysmod.tolerance_for(config.precision)
     for system in sysmod.tvm_systems(job["target"], config):
         if system.name not in systems:
             continue
@@ -196,7 +196,7 @@ def bench_model(job: dict, emit) -> None:
                 stage = "run"
                 emit({"event": "stage", "stage": f"run {system.name}"})
                 result.update(_time_checked(lambda: sysmod.run_tvm(ex, inputs, tvm.cuda(0),
-                                                                   job["runs"]), check))
+                                                                   job["runs"]), check, tolerance))
         except Exception as err:
             result.update(status="failed", stage=stage, reason=_short(err))
         emit({"event": "result", "system": system.name, "result": result})
@@ -211,7 +211,7 @@ def bench_model(job: dict, emit) -> None:
         return
     try:
         emit({"event": "stage", "stage": "onnx2torch convert"})
-        module, convert_s = sysmod.timed(sysmod.torch_module, proto)
+        module, convert_s = sysmod.timed(sysmod.torch_module, proto, config.precision)
     except Exception as err:
         for s in torch_systems:
             emit({"event": "result", "system": s, "result": {
@@ -224,22 +224,31 @@ def bench_model(job: dict, emit) -> None:
             emit({"event": "stage", "stage": f"run {s}"})
             graph = s == sysmod.TORCH_CUDA_GRAPH
             result.update(_time_checked(
-                lambda: sysmod.run_torch(module, inputs, job["runs"], graph), check))
+                lambda: sysmod.run_torch(module, inputs, job["runs"], graph), check, tolerance))
         except Exception as err:
             result.update(status="failed", stage="run", reason=_short(err))
         emit({"event": "result", "system": s, "result": result})
 
 
-def _time_checked(run, check) -> dict:
+def _time_checked(run, check, tolerance: float) -> dict:
+    """Run, check the outputs against onnxruntime within ``tolerance`` (``systems.tolerance_for``
+    the precision), then report the timing; a mismatch is not timed."""
     outs, stats = run()
     err = check(outs)
     out = {"max_rel_err": err}
-    if not err <= TOLERANCE:
+    if not err <= tolerance:
         out.update(status="mismatch", reason=f"max relative error {err:.3g} vs onnxruntime "
-                                             f"exceeds {TOLERANCE:g}; not timed")
+                                             f"exceeds {tolerance:g}; not timed")
         return out
     out.update(status="ok", latency_us=stats["median"], latency_stats=stats)
     return out
+
+
+def _tolerance_of(config: dict) -> float:
+    """The relative-error tolerance of a run (float32 1e-3, float16 1e-2)."""
+    from .systems import tolerance_for
+
+    return tolerance_for(config.get("precision", "float32"))
 
 
 def measure_device(target: str) -> dict:
@@ -365,7 +374,7 @@ def run_bench(options: BenchOptions, progress=None) -> dict:
         "systems": list(systems),
         "timing": gpu,
         "timing_note": "" if gpu else NO_GPU,
-        "tolerance": TOLERANCE,
+        "tolerance": _tolerance_of(options.config),
         "models": [],
     }
     worker_box = []

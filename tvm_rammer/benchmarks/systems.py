@@ -11,6 +11,12 @@ pipelines. With CUDA graphs a replay is one ``cudaGraphLaunch``, but what it run
 every kernel captured in it, so a replay counts as the number of kernels captured (the kernels of
 the capture function, counted the same way) and the kernels left outside any graph count one each;
 ``cuda_graph_launches`` also reports the replays and captured kernels separately.
+
+Precision: every system runs at ``RammerConfig.precision``. With "float16" the TVM baselines lower
+the model converted by the same ``ToMixedPrecision`` the rammer pipeline applies (float16 storage,
+float32 accumulation in conv2d/matmul) and PyTorch runs the module in half (``module.half()``,
+inputs cast to half); outputs are compared with onnxruntime's float32 ones within
+:func:`tolerance_for` (1e-3 in float32, 1e-2 in float16: float16 keeps 11 significant bits).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..config import RammerConfig
 from ..frontend import lower as lower_rammer
 from ..target import plain_target
 from ..launches import count_cuda_graph_launches, count_launches
+from ..pipeline import mixed_precision_passes
 from ..target import resolve_target
 
 TVM_DEFAULT = "tvm-default"
@@ -44,6 +51,14 @@ DESCRIPTIONS = {
     TORCH_CUDA_GRAPH: "PyTorch CUDA-graph replay of the same module",
 }
 CUDA_GRAPH_CONFIG = {"relax.backend.use_cuda_graph": True}
+TOLERANCES = {"float32": 1e-3, "float16": 1e-2}  # max relative error vs onnxruntime (float32)
+
+
+def tolerance_for(precision: str) -> float:
+    """The largest relative error vs onnxruntime accepted before a system is timed."""
+    if precision not in TOLERANCES:
+        raise ValueError(f"precision={precision!r}: choose one of {tuple(TOLERANCES)}")
+    return TOLERANCES[precision]
 
 
 @dataclass
@@ -69,6 +84,7 @@ class TVMSystem:
                 return lower_rammer(mod, self.target, self.config)
             plain = plain_target(self.target)
             with plain:
+                mod = tvm.transform.Sequential(mixed_precision_passes(self.config))(mod)
                 return relax.get_default_pipeline(plain)(mod)
 
     def build(self, lowered: tvm.IRModule):
@@ -138,18 +154,31 @@ def torch_available() -> str:
     return ""
 
 
-def torch_module(proto):
-    """The ONNX graph as a torch module on the GPU (onnx2torch), in eval mode."""
+def torch_module(proto, precision: str = "float32"):
+    """The ONNX graph as a torch module on the GPU (onnx2torch), in eval mode; in half for
+    ``precision="float16"``."""
     from onnx2torch import convert
 
-    return convert(proto).cuda().eval()
+    tolerance_for(precision)  # validates it
+    module = convert(proto).cuda().eval()
+    return module.half() if precision == "float16" else module
+
+
+def _module_dtype(module):
+    import torch
+
+    for param in module.parameters():
+        return param.dtype
+    return torch.float32
 
 
 def run_torch(module, inputs: list, runs: int, cuda_graph: bool) -> tuple:
     """(outputs, latency stats in us) of eager or CUDA-graph replay, timed with CUDA events."""
     import torch
 
+    dtype = _module_dtype(module)
     args = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in inputs]
+    args = [a.to(dtype) if a.is_floating_point() else a for a in args]
     with torch.inference_mode():
         if cuda_graph:
             stream = torch.cuda.Stream()
@@ -170,8 +199,8 @@ def run_torch(module, inputs: list, runs: int, cuda_graph: bool) -> tuple:
                 return module(*args)
         out = call()
         torch.cuda.synchronize()
-        outs = [o.detach().cpu().numpy() for o in (out if isinstance(out, (list, tuple))
-                                                     else [out])]
+        outs = [o.detach().float().cpu().numpy() if o.is_floating_point() else o.detach().cpu().numpy()
+                for o in (out if isinstance(out, (list, tuple)) else [out])]
         for _ in range(10):
             call()
         torch.cuda.synchronize()

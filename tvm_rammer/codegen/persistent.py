@@ -20,6 +20,8 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   of this): one more output parameter ``int64[num_instructions * 3]`` after the step state; the
   first thread of a vEU writes (start ns, end ns, SM id) of instruction ``i`` (table order) at
   ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.timeline``).
+* a shared-memory pool larger than 48 KB (tensor-core rTasks with large tiles) is allocated as
+  dynamic shared memory ("shared.dyn"): TVM passes its size at launch and opts the kernel in.
 
 Operators that share one rKernel share one kernel body ("dispatch entry"): the tensors in which
 they differ live in an arena (the rProgram's intermediates in one uint8 work buffer, its constants in
@@ -61,6 +63,7 @@ from . import cuda_helpers
 
 INT32 = "int32"
 BARRIER_KIND = 0
+STATIC_SHARED_BYTES = 48 * 1024  # more than this must be dynamic shared memory
 INST_WORDS = 4
 
 
@@ -259,7 +262,10 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     tid = tirx.Var("tid", INT32)
     pool = None
     if spec.shared_bytes:
-        pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem", scope="shared")
+        # beyond 48 KB the pool is dynamic shared memory: TVM launches the kernel with its size and
+        # its CUDA runtime opts the kernel in (cudaFuncAttributeMaxDynamicSharedMemorySize)
+        scope = "shared.dyn" if spec.shared_bytes > STATIC_SHARED_BYTES else "shared"
+        pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem", scope=scope)
 
     pc = tirx.Var("pc", INT32)
     kind, arg_a, arg_b, arg_c = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b", "arg_c"))

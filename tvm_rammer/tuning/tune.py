@@ -3,7 +3,10 @@
 ``tune(model, target, trials, work_dir)`` imports the model, runs the rammer pipeline up to (not
 including) dlight, so the tuned workloads are exactly the unscheduled PrimFuncs that
 ``versions.StashUnscheduled`` keeps, extracts one MetaSchedule task per distinct PrimFunc and tunes
-them (``ms.tune.tune_tasks``) into a JSON database in ``work_dir``. ``versions.kernel_versions`` then
+them (``ms.tune.tune_tasks``) into a JSON database in ``work_dir``. The tasks are tuned for the
+rKernel target (``tvm_rammer.target.rkernel_target``: threads per block capped at
+``max_rtask_threads``), so a tuned record never widens the vEUs, and with ``precision="float16"`` the
+pipeline prefix includes ``ToMixedPrecision``: the float16 operators are tuned. ``versions.kernel_versions`` then
 turns the best distinct schedules of each operator into rKernel versions (``--tuning-db DIR``).
 
 MetaSchedule measures every candidate on a GPU: either the local one or, with ``rpc``, the devices of
@@ -61,10 +64,14 @@ def pre_schedule_module(mod: tvm.IRModule, target: tvm.target.Target, config: Ra
 
 
 def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, config: RammerConfig) -> list:
-    """One MetaSchedule task per distinct unscheduled PrimFunc of the rammer pipeline."""
+    """One MetaSchedule task per distinct unscheduled PrimFunc of the rammer pipeline, each for the
+    rKernel target (threads per block capped at ``config.max_rtask_threads``)."""
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.relax_integration.extract_tasks(pre_schedule_module(mod, target, config), target)
+    from ..target import rkernel_target
+
+    return ms.relax_integration.extract_tasks(pre_schedule_module(mod, target, config),
+                                              rkernel_target(target, config))
 
 
 def _builder_runner(rpc: RPCTracker | None):

@@ -228,7 +228,7 @@ def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.Pri
     if unscheduled is not None and options.dlight_variants:
         candidates += [(n, "dlight", f) for n, f in dlight_schedules(unscheduled, target)]
     if unscheduled is not None and options.templates:
-        candidates += [(t.name, "template", t.func) for t in template_schedules(unscheduled)]
+        candidates += [(t.name, "template", t.func) for t in template_schedules(unscheduled, target)]
     versions, shapes = [], set()
     for vname, source, func in candidates:
         if len(versions) >= options.max_versions:
