@@ -225,7 +225,8 @@ _TILED = ((64, 64, 4, 4, 8), (32, 32, 2, 2, 16), (32, 64, 4, 4, 16), (16, 16, 1,
 # implicit GEMM (conv2d, grouped conv2d) and matmul/dense: (tile_m, tile_n, thread_m, thread_n, tile_k)
 _GEMM = ((128, 64, 8, 4, 8), (64, 128, 4, 8, 8), (64, 64, 4, 4, 16), (128, 128, 8, 8, 8),
          (32, 64, 4, 4, 16), (64, 32, 4, 4, 16), (32, 32, 4, 4, 16), (64, 16, 4, 2, 16),
-         (32, 16, 2, 2, 8))
+         (32, 16, 2, 2, 8),
+         (64, 8, 2, 2, 16), (64, 4, 2, 1, 16))  # narrow: grouped convs with few channels per group
 # dense at batch 1 to 16: (columns per thread, column threads, threads splitting k)
 _SMALL_BATCH = ((4, 8, 8), (4, 16, 8), (2, 16, 16), (1, 8, 32), (4, 32, 4), (1, 16, 16))
 # depthwise conv2d: (tile_h, tile_w, outputs per thread)
