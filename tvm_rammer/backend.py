@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from relay_passes.dataflow_graph import DataflowGraph
+from relay_passes.dataflow_graph import DataflowGraph, becomes_view
 from relay_passes.group_rprograms import RammerGroupRPrograms, RProgramCall
 from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
@@ -275,6 +275,17 @@ def _check_against_default(built: BuiltRProgram, op_graph, profiler, timer) -> d
                       f"({default_us:.1f} us): its operators stay TVM's default kernels"}
 
 
+def _views_only(plan, graph, mod, skipped) -> bool:
+    """True (and its operators skipped) for an rProgram made only of reshapes that TVM's default
+    pipeline turns into views: as TVM's default they cost no launch, as an rProgram one."""
+    if not all(becomes_view(graph.nodes[i], mod) for i in plan.ops):
+        return False
+    for i in plan.ops:
+        skipped[i] = "a reshape that TVM turns into a view (no kernel); an rProgram of views only " \
+                     "would add a launch"
+    return True
+
+
 def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: RammerConfig,
                     profiler: Profiler, vdevice=None) -> BackendResult:
     """The rPrograms of ``graph`` (see the module docstring)."""
@@ -289,6 +300,8 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
     probe = ResourceProbe(enabled=config.measure_resources)
     built, fallbacks = [], []
     for k, plan in enumerate(plans):
+        if _views_only(plan, graph, mod, skipped):
+            continue
         one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
         fallback = _check_against_default(one, op_graph, profiler, timer)
         if fallback is None:
