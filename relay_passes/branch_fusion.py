@@ -36,10 +36,13 @@ class BranchPreservingFusion:
     group's external inputs, constants included), called once from `main` where the group's last
     member was. FuseTIR then merges each group into one PrimFunc; dlight schedules it afterwards.
 
-    A consumer C (op_pattern elementwise/broadcast, or injective when the group so far is at most
-    injective) joins the group of its producer P only when (a) P's output is read by C alone and is
-    not a block output, and (b) every other non-constant input of C is a function parameter or is
-    produced at a level strictly lower than P's group (levels are recomputed over the groups).
+    A consumer C (op_pattern elementwise/broadcast, or injective or a reduction when the group so
+    far is at most injective) joins the group of its producer P only when (a) P's output is read by
+    C alone and is not a block output, and (b) every other non-constant input of C is a function
+    parameter or is produced at a level strictly lower than P's group (levels are recomputed over
+    the groups). One exception to (b): a C that joins two or more groups of elementwise/broadcast/
+    injective operators reading only parameters and constants (each read by C alone) absorbs them
+    all; they delay nothing.
 
     Declines (leaves unfused): bindings that are not call_tir, call_tirs with tuple outputs,
     callees without op_pattern or with an opaque pattern. call_tirs with tir_vars or symbolic shapes
@@ -164,13 +167,33 @@ class _Group:
 
 
 def _can_join(consumer_pattern, group):
-    """The op_pattern rule: elementwise/broadcast into any fusable group, injective into an
-    elementwise/broadcast/injective group."""
+    """The op_pattern rule (FuseOps'): elementwise/broadcast into any fusable group, injective or a
+    reduction into an elementwise/broadcast/injective group (the reduction's prologue)."""
     if group.pattern not in FUSABLE_PRODUCER:
         return False
     if consumer_pattern in (ELEMWISE, BROADCAST):
         return True
-    return consumer_pattern == INJECTIVE and group.pattern <= INJECTIVE
+    return consumer_pattern in (INJECTIVE, COMM_REDUCE) and group.pattern <= INJECTIVE
+
+
+def _cheap_join(node, graph, group_of, groups, mod):
+    """The groups a join may absorb although they are separate branches: two or more groups of
+    elementwise/broadcast/injective operators that read only function parameters and constants
+    (level 0: they delay nothing, and data movement like Sum's broadcast-and-stack costs less
+    inlined than as kernels of its own), each read by ``node`` alone. None otherwise."""
+    produced = [t for t in node.inputs if t.producer is not None]
+    found = []
+    for t in produced:
+        group = groups[group_of[t.producer]]
+        if group.level != 0 or group.pattern > INJECTIVE or group.members[-1] != t.producer:
+            return None
+        if graph.consumers(t) != [node.index] or graph.is_graph_output(t):
+            return None
+        if not _fusable_call(graph.nodes[t.producer], mod) or not _can_join(_op_pattern(node, mod), group):
+            return None
+        if group not in found:
+            found.append(group)
+    return found if len(found) >= 2 else None
 
 
 def _producer_group(node, graph, group_of, groups, mod):
@@ -198,6 +221,16 @@ def plan_groups(graph):
         if node.kind == "alias":
             continue
         group = _producer_group(node, graph, group_of, groups, mod) if _fusable_call(node, mod) else None
+        joined = _cheap_join(node, graph, group_of, groups, mod) \
+            if group is None and _fusable_call(node, mod) else None
+        if joined:
+            group = joined[0]
+            for other in joined[1:]:
+                group.members = sorted(group.members + other.members)
+                group.pattern = max(group.pattern, other.pattern)
+                for i in other.members:
+                    group_of[i] = group.gid
+                other.members = []
         if group is not None:
             group.members.append(node.index)
             group.pattern = max(group.pattern, _op_pattern(node, mod))
@@ -207,7 +240,7 @@ def plan_groups(graph):
             group = _Group(len(groups), node.index, level, pattern)
             groups.append(group)
         group_of[node.index] = group.gid
-    return [g.members for g in groups]
+    return [g.members for g in groups if g.members]
 
 
 def _group_name(graph, members):

@@ -40,6 +40,7 @@ from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, en
                                  has_barriers)
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
+from .executor import MANIFEST_ATTR, build_manifest
 from .policy import OpGraph, schedule
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .resources import ResourceProbe
@@ -65,6 +66,7 @@ class BuiltRProgram:
     table: np.ndarray
     func: tvm.tirx.PrimFunc
     report: dict
+    manifest: dict | None = None  # executor.build_manifest: what the reference executor checks
 
     def call(self) -> RProgramCall:
         """What the Relax rewrite needs to emit this rProgram."""
@@ -77,6 +79,8 @@ class BuiltRProgram:
             extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
         extra.append(relax.TensorType((self.func.attrs["rammer.num_veus"] + 1,), "int32"))
         func = self.func.with_attr(REPORT_ATTR, json.dumps(self.report))
+        if self.manifest is not None:
+            func = func.with_attr(MANIFEST_ATTR, json.dumps(self.manifest))
         return RProgramCall(name=self.spec.name, func=func, nodes=tuple(self.nodes),
                             args=tuple(args), outputs=tuple(self.tensors.outputs),
                             extra_outputs=tuple(extra), level=self.first_wave)
@@ -242,7 +246,9 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
                                  instantiate, veus_per_sm=plan.veus_per_sm)
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     first_wave = min(graph.levels()[i] for i in node_ids)
-    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report)
+    manifest = build_manifest(graph, node_ids, tensors, spec, table, num_veus, {
+        op: op_graph.ops[op].kernels[plan.selected[op]].num_rtasks for op in node_ids})
+    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report, manifest)
 
 
 def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
