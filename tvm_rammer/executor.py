@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .codegen.persistent import BARRIER_KIND, INST_WORDS
+
 MANIFEST_ATTR = "rammer.manifest"
-BARRIER_KIND = 0  # codegen.persistent: instruction kind 0 = barrier-rTask, k + 1 = dispatch entry k
-INST_WORDS = 4
 MODES = ("random", "one_slow_veu", "speed_by_index", "zero_length", "reverse_speed")
 
 
@@ -104,11 +104,13 @@ def _nbytes(shape, dtype) -> int:
     return int(np.prod([int(d) for d in shape], dtype=np.int64)) * _itemsize(str(dtype))
 
 
-def _tensor_id(graph, tensor) -> str:
+def _tensor_id(graph, tensor, where) -> str:
+    """A name unique within the rProgram: producer name#index:output, param:NAME or const@OFFSET
+    (the constant's byte offset in the constants blob)."""
     if tensor.producer is not None:
         return f"{graph.nodes[tensor.producer].name}#{tensor.producer}:{tensor.index}"
     if tensor.is_constant:
-        return f"const@{tensor.expr.__hash__():x}"
+        return f"const@{where[1]}"
     return f"param:{tensor.expr.name_hint if hasattr(tensor.expr, 'name_hint') else tensor.expr}"
 
 
@@ -137,8 +139,8 @@ def build_manifest(graph, node_ids, tensors, spec, table, num_veus: int, num_rta
         node = graph.nodes[op]
         ids = []
         for t in [*node.inputs, *node.outputs]:
-            tid = _tensor_id(graph, t)
             slot, offset = tensors.where[t]
+            tid = _tensor_id(graph, t, (slot, offset))
             tensor_info[tid] = {"slot": slot, "offset": 0 if offset is None else offset,
                                 "nbytes": _nbytes(t.shape, t.dtype), "dtype": t.dtype,
                                 "producer": t.producer if t.producer in members else None}

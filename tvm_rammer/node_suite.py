@@ -131,6 +131,7 @@ def _serve(conn, target: str) -> None:
         job = conn.recv()
         if job is None:
             return
+        conn.send("started")  # the time limit counts from here, not from the worker's start-up
         conn.send(asdict(check_model(*job, target=target)))
 
 
@@ -150,7 +151,7 @@ class _Worker:
         self.job, self.started = None, 0.0
 
     def submit(self, job):
-        self.job, self.started = job, time.monotonic()
+        self.job, self.started = job, None
         self.conn.send(job)
 
     def poll(self, timeout: float) -> CaseResult | None:
@@ -158,14 +159,18 @@ class _Worker:
         ``timeout`` seconds, or None while it is still running."""
         name = self.job[0]
         try:
-            if self.conn.poll(0.05):
-                result = CaseResult(**self.conn.recv())
+            while self.conn.poll(0.05):
+                message = self.conn.recv()
+                if message == "started":
+                    self.started = time.monotonic()
+                    continue
                 self.job = None
-                return result
+                return CaseResult(**message)
         except (EOFError, OSError):
             pass
         else:
-            if self.proc.is_alive() and time.monotonic() - self.started < timeout:
+            if self.proc.is_alive() and (self.started is None
+                                         or time.monotonic() - self.started < timeout):
                 return None
         code = self.proc.exitcode
         self.restart()

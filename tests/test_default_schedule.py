@@ -1,0 +1,73 @@
+"""The guarded dlight default schedule: a rule that raises on one function does not apply."""
+import sys
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+
+from conftest_tir import TARGET, single_op_module
+from tir_templates.default_schedule import (SCHEDULE_NOTE_ATTR, GuardedDefaultSchedule,
+                                            default_rules, default_schedule_pass,
+                                            schedule_like_default)
+from tir_templates.prelower import UnsupportedKernel, prelower
+
+
+def _legalized(op, *shapes):
+    return tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                     relax.transform.AnnotateTIROpPattern()])(
+        single_op_module(op, *shapes))
+
+
+def _prim_funcs(mod):
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+class _Raising(dl.ScheduleRule):
+    """A rule that fails the way dlight's Reduction does on some fused reductions."""
+
+    def apply(self, func, target, tunable):
+        raise tvm.error.InternalError("Check failed: block_realize == old_block_realize_.get()")
+
+
+def test_without_failures_it_schedules_exactly_as_dlight():
+    mod = _legalized(lambda x: relax.op.sum(x, axis=[1]), (128, 512))
+    with TARGET:
+        ours = default_schedule_pass()(mod)
+        theirs = dl.ApplyDefaultSchedule(*default_rules())(mod)
+    tvm.ir.assert_structural_equal(ours, theirs)
+
+
+def test_a_raising_rule_falls_through_to_the_next_with_its_reason():
+    mod = _legalized(lambda x: relax.op.sum(x, axis=[1]), (128, 512))
+    with TARGET:
+        out = GuardedDefaultSchedule(_Raising(), *default_rules())(mod)
+    (func,) = _prim_funcs(out).values()
+    assert func.attrs["tirx.is_scheduled"]
+    note = str(func.attrs[SCHEDULE_NOTE_ATTR])
+    assert "_Raising failed" in note and "block_realize" in note and "Reduction instead" in note
+
+
+def test_schedule_like_default_survives_a_failing_rule(monkeypatch):
+    mod = _legalized(relax.op.add, (64, 64), (64, 64))
+    (func,) = _prim_funcs(mod).values()
+    monkeypatch.setattr("tir_templates.default_schedule.default_rules",
+                        lambda: (_Raising(), dl.gpu.Fallback()))
+    out = schedule_like_default(func, TARGET)
+    assert out is not None and out.attrs["tirx.is_scheduled"]
+
+
+def test_a_lowering_failure_is_an_unsupported_kernel(monkeypatch):
+    """TVM 0.27 raises InternalError (a RuntimeError; there is no tvm.error.TVMError): the kernel
+    is refused with the reason, it stays TVM's own."""
+    mod = _legalized(relax.op.add, (64, 64), (64, 64))
+    with TARGET:
+        (func,) = _prim_funcs(default_schedule_pass()(mod)).values()
+
+    @tvm.transform.module_pass(opt_level=0, name="Failing")
+    def failing(mod, _ctx):
+        raise tvm.error.InternalError("Check failed: something deep in TVM")
+
+    monkeypatch.setattr(sys.modules["tir_templates.prelower"], "_lowering_passes", lambda: [failing])
+    with pytest.raises(UnsupportedKernel, match="add: TVM lowering failed: .*something deep"):
+        prelower(func, TARGET, "add")
