@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import random
 import re
 import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
+
+from .workers import run_jobs
 
 TARGET = "rammer/nvidia-h100"
 DEFAULT_TIMEOUT_S = 120.0
@@ -115,108 +116,31 @@ def check_model(name: str, model: bytes, target: str = TARGET) -> CaseResult:
     return result
 
 
-def _serve(conn, target: str) -> None:
-    """Worker loop: receive (name, model bytes), send back a CaseResult dict; None stops it."""
-    import logging
-    import os
-
-    logging.disable(logging.WARNING)
-    warnings.simplefilter("ignore")
-    quiet = os.open(os.devnull, os.O_WRONLY)  # TVM's frontend and C++ warnings write to fd 1 and 2
-    os.dup2(quiet, 1)
-    os.dup2(quiet, 2)
+def _check_job(name: str, payload: tuple) -> dict:
+    """Worker side of :func:`run_cases`: payload = (model bytes, target)."""
     import tvm_rammer  # noqa: F401  (registers the rammer target tags)
 
-    while True:
-        job = conn.recv()
-        if job is None:
-            return
-        conn.send("started")  # the time limit counts from here, not from the worker's start-up
-        conn.send(asdict(check_model(*job, target=target)))
-
-
-class _Worker:
-    """One worker subprocess; replaced when a model hangs it or kills it."""
-
-    def __init__(self, target: str):
-        self.target = target
-        self.ctx = multiprocessing.get_context("spawn")
-        self._start()
-
-    def _start(self):
-        self.conn, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_serve, args=(child, self.target), daemon=True)
-        self.proc.start()
-        child.close()
-        self.job, self.started = None, 0.0
-
-    def submit(self, job):
-        self.job, self.started = job, None
-        self.conn.send(job)
-
-    def poll(self, timeout: float) -> CaseResult | None:
-        """The finished job's result, a failure result when the worker died or ran past
-        ``timeout`` seconds, or None while it is still running."""
-        name = self.job[0]
-        try:
-            while self.conn.poll(0.05):
-                message = self.conn.recv()
-                if message == "started":
-                    self.started = time.monotonic()
-                    continue
-                self.job = None
-                return CaseResult(**message)
-        except (EOFError, OSError):
-            pass
-        else:
-            if self.proc.is_alive() and (self.started is None
-                                         or time.monotonic() - self.started < timeout):
-                return None
-        code = self.proc.exitcode
-        self.restart()
-        why = (f"worker ran past {timeout:.0f} s" if code is None
-               else f"worker process died (exit code {code})")
-        return CaseResult(name, TIMEOUT, error=why, seconds=timeout)
-
-    def restart(self):
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join()
-        self._start()
-
-    def stop(self):
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+    model, target = payload
+    return asdict(check_model(name, model, target=target))
 
 
 def run_cases(cases: list, target: str = TARGET, jobs: int = 1,
               timeout: float = DEFAULT_TIMEOUT_S, progress=None) -> list:
-    """CaseResults of ``cases`` (``[(name, model bytes)]``), in the order given. ``progress``: called
-    with each result as it comes in."""
-    pending = list(reversed(cases))
-    workers = [_Worker(target) for _ in range(max(1, min(jobs, len(cases))))]
-    results = {}
-    try:
-        while pending or any(w.job is not None for w in workers):
-            for worker in workers:
-                if worker.job is None and pending:
-                    worker.submit(pending.pop())
-                if worker.job is not None:
-                    result = worker.poll(timeout)
-                    if result is not None:
-                        results[result.name] = result
-                        if progress is not None:
-                            progress(result)
-    finally:
-        for worker in workers:
-            worker.stop()
-    return [results[name] for name, _ in cases]
+    """CaseResults of ``cases`` (``[(name, model bytes)]``), in the order given, each lowered in a
+    worker subprocess (``workers.run_jobs``). ``progress``: called with each result as it comes."""
+    def on_result(name, result, why):
+        if progress is not None:
+            progress(_as_result(name, result, why, timeout))
+
+    done = run_jobs("tvm_rammer.node_suite:_check_job",
+                    [(name, (model, target)) for name, model in cases], jobs, timeout, on_result)
+    return [_as_result(name, *done[name], timeout) for name, _ in cases]
+
+
+def _as_result(name, result, why, timeout) -> CaseResult:
+    if result is None:
+        return CaseResult(name, TIMEOUT, error=f"worker {why}", seconds=timeout)
+    return CaseResult(**result)
 
 
 def summarize(results: list) -> dict:

@@ -202,6 +202,16 @@ def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, p
     return stmt
 
 
+def _flat_view(buf):
+    """A view declared on an input's data, so the body names every input's data Var.
+
+    TVM's RewriteDataflowReshape asks ``HasReshapePattern`` (which only accepts s_tir functions)
+    about every call_tir whose callee names exactly one of its input arguments' data Vars in the
+    body; a persistent kernel one of whose operators reads nothing (TVM simplified it away) would
+    hit that. With the table and every input named, the count is never one."""
+    return tirx.decl_buffer(buf.shape, buf.dtype, name=f"{buf.name}_in", data=buf.data)
+
+
 def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
                           with_barriers: bool, instantiate: Callable,
                           veus_per_sm: int | None = None) -> tirx.PrimFunc:
@@ -215,6 +225,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     """
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
+    program = tirx.decl_buffer((table_len,), INT32, name="rammer_program_view", data=table.data)
     state = tirx.decl_buffer((num_veus + 1,), INT32, name="rammer_state")
     veu = tirx.Var("veu", INT32)
     tid = tirx.Var("tid", INT32)
@@ -224,36 +235,41 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
 
     pc = tirx.Var("pc", INT32)
     kind, arg_a, arg_b, arg_c = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b", "arg_c"))
-    start = tirx.BufferLoad(table, [veu])
+    start = tirx.BufferLoad(program, [veu])
     inst = num_veus + 1 + (start + pc) * INST_WORDS
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
         tirx.Evaluate(cuda_op.cuda_func_call(
-            cuda_helpers.WAIT_NAME, _ptr(table), _ptr(state), arg_a, arg_b,
+            cuda_helpers.WAIT_NAME, _ptr(program), _ptr(state), arg_a, arg_b,
             tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32),
             tirx.const(spec.spin_limit, "int64"), source_code=cuda_helpers.WAIT_SOURCE)),
         _sync()]), None)]
     for k, entry in enumerate(spec.entries):
-        rtask = _entry_body(entry, buffers, table, arg_a, arg_c, tid, spec.veu_threads, pool,
+        rtask = _entry_body(entry, buffers, program, arg_a, arg_c, tid, spec.veu_threads, pool,
                             instantiate)
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
             cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
         cases.append(tirx.IfThenElse(_uniform(kind == k + 1),
                                      tirx.SeqStmt([rtask, _sync(), signal]), None))
-    loop = tirx.For(pc, 0, tirx.BufferLoad(table, [veu + 1]) - start, tirx.ForKind.SERIAL,
-                    tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(table, [inst])),
-                                  tirx.Bind(arg_a, tirx.BufferLoad(table, [inst + 1])),
-                                  tirx.Bind(arg_b, tirx.BufferLoad(table, [inst + 2])),
-                                  tirx.Bind(arg_c, tirx.BufferLoad(table, [inst + 3])),
+    loop = tirx.For(pc, 0, tirx.BufferLoad(program, [veu + 1]) - start, tirx.ForKind.SERIAL,
+                    tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(program, [inst])),
+                                  tirx.Bind(arg_a, tirx.BufferLoad(program, [inst + 1])),
+                                  tirx.Bind(arg_b, tirx.BufferLoad(program, [inst + 2])),
+                                  tirx.Bind(arg_c, tirx.BufferLoad(program, [inst + 3])),
                                   *cases]))
-    stmts = [tirx.AllocBuffer(pool)] if pool is not None else []
+    stmts = [tirx.DeclBuffer(program, data=table.data)]
+    inputs = buffers[: spec.num_inputs]
+    if inputs:  # see _name_every_input
+        stmts += [tirx.DeclBuffer(_flat_view(b), data=b.data) for b in inputs]
+    if pool is not None:
+        stmts.append(tirx.AllocBuffer(pool))
     if with_barriers:
         stmts += [tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
                   tirx.IfThenElse(tirx.all(veu == 0, tid == 0),
                                   tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None),
                   tirx.Evaluate(cuda_op.cuda_grid_sync())]
     stmts.append(loop)
-    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else loop
+    body = tirx.SeqStmt(stmts)
     if veus_per_sm is not None:
         body = tirx.AttrStmt(tirx.const(0, INT32), "tirx.launch_bounds_min_blocks_per_sm",
                              tirx.const(veus_per_sm, INT32), body)
@@ -261,7 +277,6 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                          "thread_extent", spec.veu_threads, body)
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, num_veus), veu, 1, "blockIdx.x"),
                          "thread_extent", num_veus, body)
-    inputs = buffers[: spec.num_inputs]
     outputs = buffers[spec.num_inputs:]
     func = tirx.PrimFunc([*inputs, table, *outputs, state], body)
     return func.with_attrs({
