@@ -85,3 +85,13 @@ def test_gpu_flag_without_a_gpu_is_a_clear_error(capsys):
         pytest.skip("a GPU is present")
     assert fuzz.main(["--graphs", "1", "--gpu"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_stress_run_says_plainly_when_there_is_no_gpu(capsys):
+    from tvm_rammer import stress
+    from tvm_rammer.gpu import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: scripts/gpu_check.sh --stress runs it")
+    assert stress.main(["--parts", "threads"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err

@@ -41,6 +41,7 @@ from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, en
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
 from .executor import MANIFEST_ATTR, build_manifest
+from .faults import fault_page_call, inject_test_fault
 from .policy import OpGraph, schedule
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .resources import ResourceProbe
@@ -74,10 +75,12 @@ class BuiltRProgram:
         if self.tensors.blob is not None:
             args.append(relax.const(self.tensors.blob, "uint8"))
         args.append(relax.const(self.table, "int32"))
+        if self.func.attrs.get("rammer.fault_page", False):
+            args.append(fault_page_call(args[-1]))
         extra = []
         if self.tensors.arena_bytes:
             extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
-        extra.append(relax.TensorType((self.func.attrs["rammer.num_veus"] + 1,), "int32"))
+        extra.append(relax.TensorType((int(self.func.attrs["rammer.state_words"]),), "int32"))
         func = self.func.with_attr(REPORT_ATTR, json.dumps(self.report))
         if self.manifest is not None:
             func = func.with_attr(MANIFEST_ATTR, json.dumps(self.manifest))
@@ -224,7 +227,8 @@ def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, o
     veu_threads = -(-threads // 32) * 32
     spec = PersistentKernelSpec(name=name, tensors=tuple(tensors.slots),
                                 num_inputs=tensors.num_inputs, entries=tuple(tensors.entries),
-                                veu_threads=veu_threads, spin_limit=config.spin_limit)
+                                veu_threads=veu_threads,
+                                wait_timeout_ns=int(config.wait_timeout_ms * 1e6))
     return spec, tensors
 
 
@@ -241,7 +245,8 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
                            for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
     # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
-    table = encode_program(plan.program, tensors.dispatch, num_veus)
+    table = inject_test_fault(encode_program(plan.program, tensors.dispatch, num_veus), num_veus,
+                              config)
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
                                  instantiate, veus_per_sm=plan.veus_per_sm)
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)

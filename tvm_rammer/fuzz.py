@@ -241,6 +241,7 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
     import tvm
     from tvm import relax
 
+    from . import faults
     from .frontend import compile as rammer_compile
     from .numerics import relative_error
     from .runner import _flatten, onnx_reference, random_inputs
@@ -252,6 +253,7 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
         ex = rammer_compile(mod, config=config)
         vm = relax.VirtualMachine(ex, tvm.cuda(0))
         outs = _flatten(vm["main"](*[tvm.runtime.tensor(feeds[n], tvm.cuda(0)) for n in names]))
+        faults.check(tvm.cuda(0))
     except Exception as err:  # noqa: BLE001
         return {"status": "fail", "stage": "gpu", "problems": [_first_line(err)]}
     worst = max((relative_error(o, r) for o, r in zip(outs, reference)), default=0.0)

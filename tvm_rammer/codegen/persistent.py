@@ -15,7 +15,11 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   one cooperative-groups grid sync follows, so no state is shared between runs and two concurrent
   runs of one module cannot interfere; rPrograms without barrier-rTasks skip this prologue;
 * cooperative launch (``tirx.kernel_launch_params``): a grid whose vEUs cannot all be co-resident
-  fails at launch with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE instead of hanging.
+  fails at launch with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE instead of hanging;
+* faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
+  extra words and in the host-mapped fault page (an extra input, ``tvm_rammer.faults``), every vEU
+  skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
+  raises an error naming the vEU and the rTask, and the CUDA context stays usable.
 
 Operators that share one rKernel share one kernel body ("dispatch entry"): the tensors in which
 they differ live in an arena (the rProgram's intermediates in one uint8 work buffer, its constants in
@@ -34,6 +38,7 @@ Table layout (int32)::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -98,7 +103,7 @@ class PersistentKernelSpec:
     num_inputs: int
     entries: tuple  # DispatchEntry; dispatch index k <-> instruction kind k + 1
     veu_threads: int
-    spin_limit: int = 1 << 26
+    wait_timeout_ns: int = 10_000_000_000  # a barrier-rTask gives up after this long (globaltimer)
 
     def __post_init__(self):
         if not self.entries:
@@ -217,8 +222,9 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                           veus_per_sm: int | None = None) -> tirx.PrimFunc:
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
-    Parameters: the input tensors, the program table, the output tensors, the step state
-    (``int32[num_veus + 1]``; the last entry records a vEU that timed out in a wait).
+    Parameters: the input tensors, the program table, with barriers the fault page
+    (``int32[cuda_helpers.PAGE_WORDS]``, host-mapped), the output tensors, the step state
+    (``int32[num_veus + cuda_helpers.STATE_WORDS]``: the steps, then the fault record).
     ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
     ``__launch_bounds__(veu_threads, veus_per_sm)``: nvcc then keeps the registers low enough for
     that many vEUs to be resident on every SM, which the cooperative launch relies on.
@@ -226,7 +232,9 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
     program = tirx.decl_buffer((table_len,), INT32, name="rammer_program_view", data=table.data)
-    state = tirx.decl_buffer((num_veus + 1,), INT32, name="rammer_state")
+    state = tirx.decl_buffer((num_veus + cuda_helpers.STATE_WORDS,), INT32, name="rammer_state")
+    page = tirx.decl_buffer((cuda_helpers.PAGE_WORDS,), INT32, name="rammer_fault_page")
+    stop = tirx.decl_buffer((1,), INT32, name="rammer_stop", scope="local")
     veu = tirx.Var("veu", INT32)
     tid = tirx.Var("tid", INT32)
     pool = None
@@ -240,9 +248,13 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
         tirx.Evaluate(cuda_op.cuda_func_call(
             cuda_helpers.WAIT_NAME, _ptr(program), _ptr(state), arg_a, arg_b,
-            tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32),
-            tirx.const(spec.spin_limit, "int64"), source_code=cuda_helpers.WAIT_SOURCE)),
-        _sync()]), None)]
+            tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32), pc,
+            inst + INST_WORDS, tirx.const(spec.wait_timeout_ns, "int64"), _ptr(page),
+            tirx.const(kernel_id(spec.name), INT32), source_code=cuda_helpers.WAIT_SOURCE)),
+        _sync(),
+        tirx.BufferStore(stop, cuda_op.cuda_func_call(
+            cuda_helpers.STOPPED_NAME, _ptr(state), tirx.const(num_veus, INT32), tid,
+            source_code=cuda_helpers.STOPPED_SOURCE, return_type=INT32), [0])]), None)]
     for k, entry in enumerate(spec.entries):
         rtask = _entry_body(entry, buffers, program, arg_a, arg_c, tid, spec.veu_threads, pool,
                             instantiate)
@@ -251,12 +263,14 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
         cases.append(tirx.IfThenElse(_uniform(kind == k + 1),
                                      tirx.SeqStmt([rtask, _sync(), signal]), None))
-    loop = tirx.For(pc, 0, tirx.BufferLoad(program, [veu + 1]) - start, tirx.ForKind.SERIAL,
-                    tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(program, [inst])),
-                                  tirx.Bind(arg_a, tirx.BufferLoad(program, [inst + 1])),
-                                  tirx.Bind(arg_b, tirx.BufferLoad(program, [inst + 2])),
-                                  tirx.Bind(arg_c, tirx.BufferLoad(program, [inst + 3])),
-                                  *cases]))
+    step = tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(program, [inst])),
+                         tirx.Bind(arg_a, tirx.BufferLoad(program, [inst + 1])),
+                         tirx.Bind(arg_b, tirx.BufferLoad(program, [inst + 2])),
+                         tirx.Bind(arg_c, tirx.BufferLoad(program, [inst + 3])),
+                         *(cases if with_barriers else cases[1:])])
+    if with_barriers:  # after a fault every vEU skips the rest of its instructions
+        step = tirx.IfThenElse(_uniform(tirx.BufferLoad(stop, [0]) == 0), step, None)
+    loop = tirx.For(pc, 0, tirx.BufferLoad(program, [veu + 1]) - start, tirx.ForKind.SERIAL, step)
     stmts = [tirx.DeclBuffer(program, data=table.data)]
     inputs = buffers[: spec.num_inputs]
     if inputs:  # see _name_every_input
@@ -264,7 +278,8 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     if pool is not None:
         stmts.append(tirx.AllocBuffer(pool))
     if with_barriers:
-        stmts += [tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
+        stmts += [tirx.AllocBuffer(stop), tirx.BufferStore(stop, tirx.const(0, INT32), [0]),
+                  tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
                   tirx.IfThenElse(tirx.all(veu == 0, tid == 0),
                                   tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None),
                   tirx.Evaluate(cuda_op.cuda_grid_sync())]
@@ -278,7 +293,8 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, num_veus), veu, 1, "blockIdx.x"),
                          "thread_extent", num_veus, body)
     outputs = buffers[spec.num_inputs:]
-    func = tirx.PrimFunc([*inputs, table, *outputs, state], body)
+    fault = [page] if with_barriers else []
+    func = tirx.PrimFunc([*inputs, table, *fault, *outputs, state], body)
     return func.with_attrs({
         "global_symbol": spec.name,
         "tirx.noalias": True,
@@ -287,4 +303,13 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"],
         "rammer.num_veus": num_veus,
         "rammer.veu_threads": spec.veu_threads,
+        "rammer.state_words": num_veus + cuda_helpers.STATE_WORDS,
+        "rammer.fault_page": bool(with_barriers),
     })
+
+
+def kernel_id(name: str) -> int:
+    """The number a persistent kernel reports itself by in the fault page: the ``k`` of
+    ``rammer_rprogram<k>`` (0 for other names)."""
+    digits = re.search(r"(\d+)$", name)
+    return int(digits.group(1)) if digits else 0
