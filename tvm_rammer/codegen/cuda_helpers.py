@@ -92,7 +92,7 @@ __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int
     while (rammer_ld_acquire(state + other) < step) {
       if (rammer_ld_acquire(state + num_veus) != 0) return;  // another vEU gave up: stop too
       __nanosleep(pause);
-      if (pause < 1024) pause *= 2;
+      if (pause < 256) pause *= 2;
       if ((long long)(rammer_now_ns() - start) > timeout_ns) {
         rammer_record_fault(program, state, fault_page, kernel_id, num_veus, veu, pc, next_at,
                             other, step);
