@@ -21,6 +21,7 @@ barrier-rTask of every rProgram wait for a step nobody publishes (:func:`inject_
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -150,12 +151,14 @@ class _Page:
 
 
 _PAGES: dict = {}  # CUDA device id -> _Page: one pinned page per device for the process
+_PAGES_LOCK = threading.Lock()  # threads sharing a module may ask for the page at the same time
 
 
 def _page(device_id: int) -> _Page:
-    if device_id not in _PAGES:
-        _PAGES[device_id] = _Page(device_id)
-    return _PAGES[device_id]
+    with _PAGES_LOCK:
+        if device_id not in _PAGES:
+            _PAGES[device_id] = _Page(device_id)
+        return _PAGES[device_id]
 
 
 def fault_page(anchor):
@@ -164,9 +167,10 @@ def fault_page(anchor):
 
     device_id = int(anchor.device.index) if hasattr(anchor.device, "index") else 0
     page = _page(device_id)
-    if page.tensor is None:
-        page.tensor = tvm.runtime.from_dlpack(page.view)
-    return page.tensor
+    with _PAGES_LOCK:
+        if page.tensor is None:
+            page.tensor = tvm.runtime.from_dlpack(page.view)
+        return page.tensor
 
 
 def _register() -> None:
