@@ -4,6 +4,16 @@ TVM's FuseOps fuses a branch-joining `Add(relu(x @ W0), relu(x @ W1))` into one 
 the other branch a dependency of that branch's kernel and serialises the two. Rammer wants both
 branches in the same wave, so this pass fuses a consumer into its producer only when doing so
 delays nothing: every other input of the consumer is ready one wave earlier.
+
+Two cases get what TVM's default pipeline does instead, since they can never become rTasks or would
+cost launches for nothing:
+
+* bindings with symbolic shapes or tir_vars (never placeable): fused by TVM's own ``FuseOps``,
+  with every static call_tir hidden from it (marked opaque for the duration) except those read by
+  such bindings only;
+* a tuple-output call_tir whose outputs are not all read (BatchNormalization's running mean and
+  variance, Dropout's mask): it becomes a group of its own that returns only the outputs read, so
+  FuseTIR drops the computation of the others, as TVM's FuseOps + FuseTIR do.
 """
 import tvm
 from tvm import relax
@@ -26,15 +36,20 @@ class BranchPreservingFusion:
     group's external inputs, constants included), called once from `main` where the group's last
     member was. FuseTIR then merges each group into one PrimFunc; dlight schedules it afterwards.
 
-    A consumer C (op_pattern elementwise/broadcast, or injective when the group so far is at most
-    injective) joins the group of its producer P only when (a) P's output is read by C alone and is
-    not a block output, and (b) every other non-constant input of C is a function parameter or is
-    produced at a level strictly lower than P's group (levels are recomputed over the groups).
+    A consumer C (op_pattern elementwise/broadcast, or injective or a reduction when the group so
+    far is at most injective) joins the group of its producer P only when (a) P's output is read by
+    C alone and is not a block output, and (b) every other non-constant input of C is a function
+    parameter or is produced at a level strictly lower than P's group (levels are recomputed over
+    the groups). One exception to (b): a C that joins two or more groups of elementwise/broadcast/
+    injective operators reading only parameters and constants (each read by C alone) absorbs them
+    all; they delay nothing.
 
-    Declines (leaves unfused): bindings that are not call_tir, call_tirs with tir_vars, symbolic
-    shapes or tuple outputs, callees without op_pattern or with an opaque pattern. Functions other
-    than `main` are left alone. Must run after LegalizeOps + AnnotateTIROpPattern + FoldConstant and
-    before FuseTIR and dlight; it replaces FuseOps in the rammer pipeline.
+    Declines (leaves unfused): bindings that are not call_tir, call_tirs with tuple outputs,
+    callees without op_pattern or with an opaque pattern. call_tirs with tir_vars or symbolic shapes
+    are fused by TVM's FuseOps among themselves (never with a static call_tir). A tuple-output
+    call_tir with unread outputs becomes a one-member group returning only the outputs read.
+    Functions other than `main` are left alone. Must run after LegalizeOps + AnnotateTIROpPattern +
+    FoldConstant and before FuseTIR and dlight; it replaces FuseOps in the rammer pipeline.
     """
 
     def transform_module(self, mod, ctx):
@@ -45,10 +60,81 @@ class BranchPreservingFusion:
             graph = DataflowGraph.from_function(mod["main"], mod)
         except ValueError:  # control flow in main: no waves to protect, TVM's own fusion applies
             return tvm.relax.transform.FuseOps()(mod)
-        groups = [g for g in plan_groups(graph) if len(g) > 1]
+        if any(n.kind == "call_tir" and not _static_call(n) for n in graph.nodes):
+            mod = _fuse_dynamic_like_tvm(mod, graph)
+            graph = DataflowGraph.from_function(mod["main"], mod)
+        groups = [g for g in plan_groups(graph) if len(g) > 1 or _unread_outputs(graph, g[0])]
         if not groups:
             return mod
         return _emit_groups(mod, graph, groups)
+
+
+def _static_call(node):
+    """A call_tir without tir_vars whose inputs and outputs all have static shapes."""
+    if node.kind != "call_tir" or has_tir_vars(node.value):
+        return False
+    return all(t.shape is not None and all(isinstance(d, int) for d in t.shape)
+               for t in node.inputs + node.outputs)
+
+
+def _feeds_only_dynamic(graph, node):
+    """A static call_tir whose outputs only non-static call_tirs read (it could be an rTask, but
+    its readers cannot, so TVM may as well fuse it into them)."""
+    readers = [c for t in node.outputs for c in graph.consumers(t)]
+    if not readers or any(graph.is_graph_output(t) for t in node.outputs):
+        return False
+    return all(graph.nodes[c].kind == "call_tir" and not _static_call(graph.nodes[c])
+               for c in readers)
+
+
+def _fuse_dynamic_like_tvm(mod, graph):
+    """TVM's FuseOps over the call_tirs that are not static (and the static ones that only they
+    read); the other static ones are hidden from it (op_pattern opaque while it runs, restored
+    afterwards)."""
+    hidden = {}
+    for node in graph.nodes:
+        if not _static_call(node) or _feeds_only_dynamic(graph, node):
+            continue
+        if node.gvar in mod.functions and node.gvar not in hidden:
+            func = mod[node.gvar]
+            if isinstance(func, tvm.tirx.PrimFunc):
+                hidden[node.gvar] = func
+    masked = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
+        dict(mod.functions_items()), attrs=mod.attrs)
+    for gvar, func in hidden.items():
+        masked[gvar] = func.with_attr("op_pattern", OPAQUE)
+    fused = tvm.relax.transform.FuseOps()(masked)
+    if {gv.name_hint for gv in fused.get_global_vars()} == {gv.name_hint for gv in mod.get_global_vars()}:
+        return mod  # FuseOps made no group
+    for gvar, func in hidden.items():
+        if gvar in fused.functions:
+            fused[gvar] = func
+    return fused
+
+
+def _is_read(graph, tensor):
+    """Whether a block output or a non-alias binding reads ``tensor`` (aliases are looked through)."""
+    return graph.is_graph_output(tensor) or any(
+        graph.nodes[c].kind != "alias" for c in graph.consumers(tensor))
+
+
+def _unread_outputs(graph, index):
+    """For a static tuple-output call_tir whose tuple var is only read through TupleGetItem
+    bindings: the positions of its outputs nobody reads (else [])."""
+    node = graph.nodes[index]
+    if node.kind != "call_tir" or len(node.outputs) < 2 or not _static_call(node):
+        return []
+    if _op_pattern(node, graph.mod) == OPAQUE:
+        return []
+    if not isinstance(node.var, relax.DataflowVar):
+        return []
+    readers = sorted({c for t in node.outputs for c in graph.consumers(t)})
+    for c in readers:  # every binding naming the tuple var reads its tensors: it is among these
+        value = getattr(graph.block.bindings[c], "value", None)
+        direct = isinstance(value, relax.TupleGetItem) and value.tuple_value.same_as(node.var)
+        if not direct and any(v.same_as(node.var) for v in relax.analysis.free_vars(value)):
+            return []
+    return [k for k, t in enumerate(node.outputs) if not _is_read(graph, t)]
 
 
 def _op_pattern(node, mod):
@@ -81,13 +167,33 @@ class _Group:
 
 
 def _can_join(consumer_pattern, group):
-    """The op_pattern rule: elementwise/broadcast into any fusable group, injective into an
-    elementwise/broadcast/injective group."""
+    """The op_pattern rule (FuseOps'): elementwise/broadcast into any fusable group, injective or a
+    reduction into an elementwise/broadcast/injective group (the reduction's prologue)."""
     if group.pattern not in FUSABLE_PRODUCER:
         return False
     if consumer_pattern in (ELEMWISE, BROADCAST):
         return True
-    return consumer_pattern == INJECTIVE and group.pattern <= INJECTIVE
+    return consumer_pattern in (INJECTIVE, COMM_REDUCE) and group.pattern <= INJECTIVE
+
+
+def _cheap_join(node, graph, group_of, groups, mod):
+    """The groups a join may absorb although they are separate branches: two or more groups of
+    elementwise/broadcast/injective operators that read only function parameters and constants
+    (level 0: they delay nothing, and data movement like Sum's broadcast-and-stack costs less
+    inlined than as kernels of its own), each read by ``node`` alone. None otherwise."""
+    produced = [t for t in node.inputs if t.producer is not None]
+    found = []
+    for t in produced:
+        group = groups[group_of[t.producer]]
+        if group.level != 0 or group.pattern > INJECTIVE or group.members[-1] != t.producer:
+            return None
+        if graph.consumers(t) != [node.index] or graph.is_graph_output(t):
+            return None
+        if not _fusable_call(graph.nodes[t.producer], mod) or not _can_join(_op_pattern(node, mod), group):
+            return None
+        if group not in found:
+            found.append(group)
+    return found if len(found) >= 2 else None
 
 
 def _producer_group(node, graph, group_of, groups, mod):
@@ -115,6 +221,16 @@ def plan_groups(graph):
         if node.kind == "alias":
             continue
         group = _producer_group(node, graph, group_of, groups, mod) if _fusable_call(node, mod) else None
+        joined = _cheap_join(node, graph, group_of, groups, mod) \
+            if group is None and _fusable_call(node, mod) else None
+        if joined:
+            group = joined[0]
+            for other in joined[1:]:
+                group.members = sorted(group.members + other.members)
+                group.pattern = max(group.pattern, other.pattern)
+                for i in other.members:
+                    group_of[i] = group.gid
+                other.members = []
         if group is not None:
             group.members.append(node.index)
             group.pattern = max(group.pattern, _op_pattern(node, mod))
@@ -124,7 +240,7 @@ def plan_groups(graph):
             group = _Group(len(groups), node.index, level, pattern)
             groups.append(group)
         group_of[node.index] = group.gid
-    return [g.members for g in groups]
+    return [g.members for g in groups if g.members]
 
 
 def _group_name(graph, members):
@@ -146,8 +262,9 @@ def _external_inputs(graph, members):
     return ext
 
 
-def _emit_group_function(bb, graph, members, name):
-    """Add the private Primitive function of one group to `bb`; returns (gvar, external inputs)."""
+def _emit_group_function(bb, graph, members, name, kept=None):
+    """Add the private Primitive function of one group to `bb`; returns (gvar, external inputs).
+    ``kept``: for a one-member group of a tuple-output call_tir, the output positions it returns."""
     ext = _external_inputs(graph, members)
     params, n_const = [], 0
     for t in ext:
@@ -159,12 +276,36 @@ def _emit_group_function(bb, graph, members, name):
             for pos, i in enumerate(members):
                 node = graph.nodes[i]
                 args = relax.Tuple([local[t] for t in _arg_tensors(graph, node.value)])
-                new_call = relax.call_tir(node.gvar, args, out_ty=node.var.ty)
+                out_ty = node.var.ty
+                out_ty = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
+                new_call = relax.call_tir(node.gvar, args, out_ty=out_ty)
                 last = pos == len(members) - 1
+                if kept is not None:
+                    whole = bb.emit(new_call, str(node.var.name))
+                    items = [relax.TupleGetItem(whole, k) for k in kept]
+                    var = bb.emit_output(items[0] if len(items) == 1 else relax.Tuple(items))
+                    break
                 var = bb.emit_output(new_call) if last else bb.emit(new_call, str(node.var.name))
                 local[node.outputs[0]] = var
         gvar = bb.emit_func_output(var)
     return gvar, ext
+
+
+def _repoint(binding, pruned, unread_vars):
+    """``binding`` with a ``TupleGetItem`` of a pruned tuple var re-pointed at the kept outputs;
+    None for a binding that names a dropped output (only aliases nobody reads can: they go too)."""
+    value = getattr(binding, "value", None)
+    if isinstance(binding, relax.VarBinding) and unread_vars and any(
+            v in unread_vars for v in relax.analysis.free_vars(value)):
+        return None
+    if not (isinstance(value, relax.TupleGetItem) and value.tuple_value in pruned):
+        return binding
+    var, kept = pruned[value.tuple_value]
+    index = int(value.index)
+    if index not in kept:
+        return None
+    new = var if len(kept) == 1 else relax.TupleGetItem(var, kept.index(index))
+    return relax.VarBinding(binding.var, new)
 
 
 def _arg_tensors(graph, call):
@@ -175,18 +316,32 @@ def _arg_tensors(graph, call):
 def _emit_groups(mod, graph, groups):
     """Rewrite `main`: drop grouped bindings, call each group's function at its last member."""
     bb = relax.BlockBuilder(mod)
-    replace, dropped = {}, set()
+    replace, dropped, pruned = {}, set(), {}
     for members in groups:
-        gvar, ext = _emit_group_function(bb, graph, members, _group_name(graph, members))
+        kept = None
+        if len(members) == 1:  # a tuple-output call_tir returning only the outputs read
+            unread = _unread_outputs(graph, members[0])
+            kept = [k for k in range(len(graph.nodes[members[0]].outputs)) if k not in unread]
+        gvar, ext = _emit_group_function(bb, graph, members, _group_name(graph, members), kept)
         last = members[-1]
         replace[last] = bb.normalize(relax.Call(gvar, [t.expr for t in ext]))
         dropped.update(members[:-1])
-    bindings = []
+        if kept is not None:
+            pruned[graph.nodes[last].var] = kept
+    bindings, unread_vars = [], set()
     for i, b in enumerate(graph.block.bindings):
         if i in replace:
-            bindings.append(relax.VarBinding(b.var, replace[i]))
+            var = b.var
+            if var in pruned:
+                var = relax.DataflowVar(str(b.var.name), replace[i].ty)
+                pruned[b.var] = (var, pruned[b.var])
+            bindings.append(relax.VarBinding(var, replace[i]))
         elif i not in dropped:
-            bindings.append(b)
+            new = _repoint(b, pruned, unread_vars)
+            if new is None:
+                unread_vars.add(b.var)
+            else:
+                bindings.append(new)
     main = graph.func
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], main.body.body)
     new_main = relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs)

@@ -9,6 +9,11 @@ Tensors are identified through aliases: `TupleGetItem(v, i)` of a node's tuple o
 A binding that only packs existing tensors into a Tuple is an alias of those tensors too. Alias
 bindings are nodes of kind "alias"; they take their sources' level and stay out of `waves()`.
 
+Symbolic shape variables count as dependencies too: a binding that uses a shape variable (in its
+type or its value) depends on the `R.match_cast` that defines it, although no tensor flows between
+them (`gv = call_tir(reshape, (x,), out=R.Tensor((n, m)))` must come after `R.match_cast(s,
+R.Shape([n, m]))`). Such definers are among the user's `preds`, so they order the levels too.
+
 A node is *placeable* (can become rTasks) when it is a `call_tir` with static input and output
 shapes, no `tir_vars`, and a callee PrimFunc in the module that binds `blockIdx` (a scheduled GPU
 kernel). Otherwise `reason` says why not.
@@ -64,9 +69,9 @@ class TensorRef:
 class Node:
     """One binding of the dataflow block. `kind` is "call_tir", "alias" or "opaque"; `value` is the
     bound expression; `gvar` is the callee of a call_tir; `preds` are the indices of the nodes whose
-    outputs it reads. A call_tir's `inputs` follow its argument tuple (a tensor passed twice is
-    listed twice), so `inputs + outputs` line up with the PrimFunc's params; other nodes list each
-    tensor they read once."""
+    outputs it reads or that define (match_cast) a symbolic shape variable it uses. A call_tir's
+    `inputs` follow its argument tuple (a tensor passed twice is listed twice), so `inputs + outputs`
+    line up with the PrimFunc's params; other nodes list each tensor they read once."""
 
     index: int
     var: relax.Var
@@ -246,6 +251,7 @@ class _GraphBuilder:
         self.first_extract = {}
         self._static = {}  # TensorRef -> all dims static (each tensor's shape is read once)
         self._kernels = {}  # GlobalVar -> (placeable, reason) of its callee
+        self.shape_var_def = {}  # hash of a symbolic shape variable -> index of its match_cast
         for b in self.block.bindings:
             value = getattr(b, "value", None)
             if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
@@ -310,8 +316,20 @@ class _GraphBuilder:
             self._classify(node, binding)
             if node.kind != "call_tir":
                 node.inputs = _dedup(inputs)
-        node.preds = sorted({t.producer for t in node.inputs if t.producer is not None} - {index})
+        preds = {t.producer for t in node.inputs if t.producer is not None}
+        node.preds = sorted((preds | self._shape_var_definers(index, binding)) - {index})
         return node
+
+    def _shape_var_definers(self, index, binding):
+        """Indices of the earlier match_casts defining a symbolic variable this binding uses; a
+        match_cast then registers the variables it defines."""
+        used = [v.__hash__() for v in relax.analysis.tir_vars_in_type(binding.var.ty)]
+        tvm_ffi.structural_walk(binding.value, (tirx.Var, lambda v: used.append(v.__hash__())))
+        definers = {self.shape_var_def[h] for h in used if h in self.shape_var_def}
+        if isinstance(binding, relax.MatchCast):
+            for v in relax.analysis.definable_tir_vars_in_type(binding.ty):
+                self.shape_var_def.setdefault(v.__hash__(), index)
+        return definers
 
     def _classify(self, node, binding):
         """Set kind, gvar, placeable and reason of a computing node."""
@@ -375,3 +393,13 @@ def _dedup(tensors):
         if t not in out:
             out.append(t)
     return out
+
+
+def becomes_view(node, mod):
+    """True when TVM's ``RewriteDataflowReshape`` will turn this call_tir into a view (no kernel):
+    its callee only reshapes (``relax.analysis.has_reshape_pattern``) and its result stays inside
+    the dataflow block (a DataflowVar), as that pass requires."""
+    if node.kind != "call_tir" or not isinstance(node.var, relax.DataflowVar):
+        return False
+    callee = mod[node.gvar] if node.gvar in mod.functions else None
+    return isinstance(callee, tirx.PrimFunc) and bool(relax.analysis.has_reshape_pattern(callee))

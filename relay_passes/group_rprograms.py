@@ -7,7 +7,8 @@ added and, in ``main``, every rProgram's bindings replaced by one ``call_tir`` w
 over the tensors read outside the rProgram; other bindings are kept unchanged; dead code removed.
 
 A pure graph rewrite: no kernels are built, timed or chosen here. Bindings are re-emitted by level
-(an rProgram at the level of its first operator), so every input is defined before it is read.
+(an rProgram at the level of its first operator), so every input, and every symbolic shape variable
+(a ``R.match_cast``, re-emitted as one), is defined before it is read.
 Must run after dlight and before the dataflow lowering passes (it emits dataflow bindings).
 """
 
@@ -83,6 +84,9 @@ class _Rewriter(relax.PyExprMutator):
             else:
                 self._emit_node(item)
 
+    def visit_match_cast_(self, binding):
+        self.visit_var_binding_(binding)
+
     def _emit(self, var, value):
         bb = self.builder_
         new = bb.emit(value, name_hint=var.name) if isinstance(var, relax.DataflowVar) \
@@ -92,7 +96,11 @@ class _Rewriter(relax.PyExprMutator):
 
     def _emit_node(self, node):
         binding = self.graph.block.bindings[node.index]
-        self._emit(binding.var, self.visit_expr(binding.value))
+        value = self.visit_expr(binding.value)
+        if isinstance(binding, relax.MatchCast):  # stays a match_cast: it defines shape variables
+            self.builder_.emit_normalized(relax.MatchCast(binding.var, value, binding.ty))
+            return
+        self._emit(binding.var, value)
 
     def _emit_rprogram(self, rp: RProgramCall):
         bb = self.builder_

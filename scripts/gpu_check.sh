@@ -4,8 +4,14 @@
 #   export PYTHONPATH=/opt/tvmsite:$PWD   (the TVM bundle, see ../shared/gpu/), then
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # Prints a short table last; full logs and JSON go to OUT_DIR (default: $OUT or ./out).
+#   bash scripts/gpu_check.sh --stress [OUT_DIR]   the stress run instead (tvm_rammer/stress.py):
+#   5,000 fuzzed graphs on the device vs onnxruntime, compute-sanitizer memcheck/racecheck/synccheck
+#   on the reduced zoo, 10,000 back-to-back runs, 8 threads on one module; JSON in OUT_DIR
+#   (hours: the 5,000 graphs are each compiled with nvcc; STRESS_ARGS="--graphs 500" for less).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+stress=0
+if [ "${1:-}" = "--stress" ]; then stress=1; shift; fi
 out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
@@ -13,6 +19,11 @@ export PYTHONUNBUFFERED=1
 export TVM_CUDA_COMPILE_MODE="${TVM_CUDA_COMPILE_MODE:-nvcc}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
+if [ "$stress" = 1 ]; then
+  # shellcheck disable=SC2086
+  python3 -m tvm_rammer.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
+  exit "${PIPESTATUS[0]}"
+fi
 
 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}

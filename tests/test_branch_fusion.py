@@ -79,10 +79,13 @@ def test_group_function_has_the_form_fuse_tir_expects():
     assert call.args[1].ty.shape.values[0].value == 16
 
 
-def test_unfusable_bindings_pass_through_unchanged():
+def test_dynamic_shapes_are_fused_as_tvms_fuseops_would():
+    """Symbolic shapes never become rTasks: TVM's own fusion applies to them (one kernel, not two)."""
     mod = ob.to_relax(ob.dynamic_batch())
     assert callee_groups(mod) == [["matmul"], ["relu"]]
-    assert BranchPreservingFusion()(mod).same_as(mod)
+    out = BranchPreservingFusion()(mod)
+    tvm.ir.assert_structural_equal(out, relax.transform.FuseOps()(mod))
+    assert kernel_names(relax.transform.FuseTIR()(out)) == ["fused_matmul_relu"]
 
 
 def test_tuple_outputs_tir_vars_and_extern_calls_are_never_fused():
@@ -111,7 +114,56 @@ def test_fusion_never_delays_a_node(seed):
         assert len(grp) == 1 or all(before.nodes[i].kind == "call_tir" for i in grp)
 
 
+def _single_node_model(op_type, inputs, outputs, read=None, inits=(), **attrs):
+    """One ONNX node; ``inputs``/``outputs``: [(name, shape)]; ``read``: the outputs the graph
+    returns (default: all); ``inits``: initializers (numpy arrays by name)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node(op_type, [n for n, _ in inputs], [n for n, _ in outputs], **attrs)
+    graph = helper.make_graph(
+        [node], op_type.lower(),
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, sh) for n, sh in inputs
+         if n not in dict(inits)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, sh) for n, sh in outputs
+         if read is None or n in read],
+        initializer=[numpy_helper.from_array(v, n) for n, v in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def batchnorm_model():
+    """BatchNormalization (inference) whose graph reads only Y, not the running statistics."""
+    rng = np.random.default_rng(0)
+    stats = [(n, (rng.random(3) + 0.5).astype("float32")) for n in ("s", "b", "mean", "var")]
+    return _single_node_model("BatchNormalization", [("x", [2, 3, 4, 5])] + [(n, [3]) for n, _ in stats],
+                              [("y", [2, 3, 4, 5])], inits=stats)
+
+
+def sum_model():
+    """Sum of three inputs: broadcast each, stack, reduce (TVM fuses all of it into one kernel)."""
+    return _single_node_model("Sum", [(f"x{i}", [3]) for i in range(3)], [("y", [3])])
+
+
+def test_a_tuple_output_nobody_reads_fully_is_pruned():
+    """BatchNormalization's call_tir has three outputs, two unread: the fused kernel writes one."""
+    out = fused(ob.to_relax(batchnorm_model()))
+    (name,) = kernel_names(out)
+    callee = out[name]
+    assert len(callee.params) == 5 + 1  # x, scale, bias, mean, var -> y only
+
+
+def test_parameter_only_branches_join_and_a_reduction_takes_its_prologue():
+    """Sum(x0, x1, x2): three broadcasts of parameters, a stack and a sum become one kernel, as in
+    TVM's default pipeline (they delay nothing)."""
+    mod = ob.to_relax(sum_model())
+    assert len(kernel_names(mod)) == 5
+    assert len(kernel_names(fused(mod))) == 1
+
+
 MODELS = {
+    "batchnorm": batchnorm_model,
+    "sum_of_three": sum_model,
     "two_branch": lambda: ob.two_branch(),
     "add_chain_16": lambda: ob.parallel_branches(16, join="add_chain", hidden=64),
     "sum_4": lambda: ob.parallel_branches(4, join="sum", act="Sigmoid", hidden=64),

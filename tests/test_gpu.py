@@ -152,3 +152,36 @@ def test_cli_library_loads_and_runs(tmp_path):
     feeds = random_inputs(model, seed=5)
     out = _outputs(vm["main"](tvm.runtime.tensor(next(iter(feeds.values())), tvm.cuda(0))))[0]
     assert relative_error(out, onnx_reference(model, feeds)[0]) <= TOLERANCE
+
+
+def test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives():
+    """A wait nothing will satisfy (injected) ends the kernel after the time limit; the host
+    raises KernelFault naming the vEU and the rTask, and the same CUDA context still runs a
+    correct model afterwards (no __trap)."""
+    from tvm_rammer import faults
+    from tvm_rammer.config import RammerConfig
+
+    model = get_model("branches", n=16)
+    config = RammerConfig(wait_timeout_ms=200.0, extra={faults.INJECT_KEY: True})
+    ex = tvm_rammer.compile(model, target=_target(), config=config)
+    vm = relax.VirtualMachine(ex, tvm.cuda(0))
+    feeds = random_inputs(model, seed=1)
+    x = tvm.runtime.tensor(next(iter(feeds.values())), tvm.cuda(0))
+    vm["main"](x)
+    with pytest.raises(faults.KernelFault, match=r"vEU \d+ waited more than 200 ms .* rTask \d+"):
+        faults.check(tvm.cuda(0), timeout_ms=200.0)
+    faults.check(tvm.cuda(0))  # raised once, then cleared
+    _check(get_model("branches", n=16, join="concat"))  # the context is still usable
+
+
+def test_mvn_and_small_reductions_match_onnxruntime():
+    """Reductions with fewer than 32 threads run as rTasks (warp shuffles under early exit)."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MeanVarianceNormalization", ["X"], ["Y"])
+    graph = helper.make_graph([node], "mvn", [helper.make_tensor_value_info(
+        "X", TensorProto.FLOAT, [3, 3, 3, 1])], [helper.make_tensor_value_info(
+            "Y", TensorProto.FLOAT, [3, 3, 3, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    _check(model)

@@ -3,30 +3,29 @@
 import numpy as np
 import pytest
 
-from tvm_rammer.codegen.persistent import (BARRIER_KIND, INST_WORDS, Binding, DispatchEntry,
+from tvm_rammer.codegen.persistent import (INST_WORDS, Binding, DispatchEntry,
                                            PersistentKernelSpec, TensorSlot, encode_program,
                                            has_barriers)
+from tvm_rammer.executor import Wait, decode_table
 from tvm_rammer.rprogram import RProgram
 from tvm_rammer.rtask import RTask
 
 
 def decode(table, num_veus, offsets_len=0):
-    """Inverse of encode_program: prog[vEU] = list of ("task", kind, rtask_id, publish[, offsets])
-    / ("wait", [(vEU, step), ...])."""
-    starts = table[: num_veus + 1]
-    base = num_veus + 1
+    """The package's decoder (``executor.decode_table``) in tuple form: prog[vEU] = list of
+    ("task", kind, rtask_id, publish[, offsets]) / ("wait", [(vEU, step), ...])."""
     prog = []
-    for v in range(num_veus):
-        items = []
-        for i in range(starts[v], starts[v + 1]):
-            kind, a, b, c = table[base + INST_WORDS * i: base + INST_WORDS * (i + 1)]
-            if kind == BARRIER_KIND:
-                items.append(("wait", [tuple(table[a + 2 * j: a + 2 * j + 2]) for j in range(b)]))
-            elif offsets_len:  # the operator's record: its counter, then its arena offsets
-                items.append(("task", int(kind), int(a), int(b), tuple(table[c + 1: c + 1 + offsets_len])))
+    for items in decode_table(table, num_veus):
+        row = []
+        for item in items:
+            if isinstance(item, Wait):
+                row.append(("wait", list(item.pairs)))
+            elif offsets_len:
+                offsets = tuple(int(x) for x in table[item.offsets_at: item.offsets_at + offsets_len])
+                row.append(("task", item.entry + 1, item.rtask_id, item.publish, offsets))
             else:
-                items.append(("task", int(kind), int(a), int(b)))
-        prog.append(items)
+                row.append(("task", item.entry + 1, item.rtask_id, item.publish))
+        prog.append(row)
     return prog
 
 

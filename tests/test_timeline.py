@@ -384,7 +384,7 @@ def test_instrumentation_only_adds_the_recording(instrumented):
     import difflib
 
     plain, timed = _source(instrumented[False]), _source(instrumented[True])
-    assert "globaltimer" not in plain and "rammer_timeline" not in plain
+    assert "rammer_record(" not in plain and "rammer_timeline" not in plain
     diff = [line for line in difflib.ndiff(plain.splitlines(), timed.splitlines())
             if line[:1] in "+-"]
     removed = [line for line in diff if line.startswith("-")]

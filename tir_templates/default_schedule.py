@@ -7,15 +7,25 @@ tvm-rammer uses the same rules, in the same order, wherever it needs "what TVM w
 - the rKernels' own schedule (under the rTask thread cap, ``tvm_rammer.target.rkernel_target``);
 - the reference kernel every other rKernel version is checked against on the device;
 - the kernel of an operator that stays an ordinary kernel (TVM's default, uncapped).
+
+One difference, for robustness: a rule that *raises* on a function (dlight's Reduction hits TVM
+InternalErrors on some fused reductions) counts as not applying, and the next rule is tried, so one
+function's failure neither stops the others nor the compilation (:class:`GuardedDefaultSchedule`).
+The function then carries ``rammer.schedule_note`` saying which rule failed and why.
 """
 from __future__ import annotations
+
+import logging
 
 import tvm
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
-__all__ = ["default_rules", "default_schedule_pass", "default_schedule_each", "schedule_like_default",
-           "is_scheduled"]
+__all__ = ["default_rules", "default_schedule_pass", "schedule_like_default", "is_scheduled",
+           "GuardedDefaultSchedule", "SCHEDULE_NOTE_ATTR"]
+
+LOG = logging.getLogger("tvm_rammer")
+SCHEDULE_NOTE_ATTR = "rammer.schedule_note"
 
 
 def default_rules() -> tuple:
@@ -25,32 +35,66 @@ def default_rules() -> tuple:
 
 
 def default_schedule_pass() -> tvm.transform.Pass:
-    """``dlight.ApplyDefaultSchedule`` with :func:`default_rules` (schedules under the target in scope)."""
-    return dl.ApplyDefaultSchedule(*default_rules())
+    """:class:`GuardedDefaultSchedule` with :func:`default_rules` (schedules under the target in
+    scope): dlight's ``ApplyDefaultSchedule``, except that a rule that raises does not apply."""
+    return GuardedDefaultSchedule(*default_rules())
 
 
-@tvm.transform.module_pass(opt_level=0, name="DefaultScheduleEach")
-def default_schedule_each(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """:func:`default_schedule_pass` one PrimFunc at a time, under the target in scope. A PrimFunc
-    whose rule raises (dlight's Matmul rule asserts on some fused epilogues under a thread cap that
-    TVM's default pipeline does not set) is left unscheduled instead of failing the compilation:
-    the back end then gives it TVM's default kernel, as for any operator that cannot become rTasks."""
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
-            continue
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
+def schedule_func(func: tirx.PrimFunc, target, rules) -> tuple:
+    """(scheduled PrimFunc or None, notes): the first rule of ``rules`` that applies to ``func``
+    without raising, as dlight would apply it; ``notes`` says which rules raised and why."""
+    notes = []
+    for rule in rules:
         try:
-            scheduled = default_schedule_pass()(tvm.IRModule({gv: func}))[gv]
-        except Exception:  # pylint: disable=broad-except  (dlight rules may hit TVM internal errors)
+            space = rule.apply(func, target, False)
+        except Exception as err:  # pylint: disable=broad-except  (a rule that fails does not apply)
+            notes.append(f"dlight {type(rule).__name__} failed ({_first_line(err)})")
             continue
-        if not scheduled.same_as(func):
-            updates[gv] = scheduled
-    if not updates:
+        if space is None:
+            continue
+        sch = space if not isinstance(space, list) else space[0]
+        out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        if notes:
+            notes.append(f"scheduled by {type(rule).__name__} instead")
+            out = out.with_attr(SCHEDULE_NOTE_ATTR, "; ".join(notes))
+        return out, notes
+    return None, notes
+
+
+@tvm.transform.module_pass(opt_level=0, name="GuardedDefaultSchedule")
+class GuardedDefaultSchedule:
+    """dlight's ``ApplyDefaultSchedule`` where a rule that raises on one function does not apply.
+
+    Input: a module with unscheduled PrimFuncs (after FuseTIR) and a target in scope (or on the
+    functions). Output: every PrimFunc that some rule applies to scheduled and marked
+    ``tirx.is_scheduled``, exactly as ``ApplyDefaultSchedule`` with the same rules would schedule it
+    when no rule raises; a function where an earlier rule raised gets the next rule that applies,
+    and ``rammer.schedule_note`` with the reason. Functions no rule applies to stay unscheduled.
+    """
+
+    def __init__(self, *rules):
+        self.rules = list(rules)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updated = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
+                continue
+            target = func.attrs.get("target", None) if func.attrs is not None else None
+            target = target or tvm.target.Target.current(allow_none=False)
+            out, notes = schedule_func(func, target, self.rules)
+            if notes:
+                LOG.info("tvm-rammer: %s: %s", gv.name_hint, "; ".join(notes))
+            if out is not None:
+                updated[gv] = out
+        for gv, func in updated.items():
+            mod[gv] = func
         return mod
-    out = mod.clone()
-    for gv, func in updates.items():
-        out[gv] = func
-    return out
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -63,8 +107,7 @@ def schedule_like_default(func: tirx.PrimFunc, target: tvm.target.Target) -> tir
     rule applies or a rule fails (like a dlight rule, this never raises for a kernel it cannot do)."""
     try:
         with target:
-            mod = default_schedule_pass()(tvm.IRModule({"main": func}))
-    except Exception:  # pylint: disable=broad-except  (dlight rules may hit TVM internal errors)
+            out, _ = schedule_func(func, target, default_rules())
+    except Exception:  # pylint: disable=broad-except  (a malformed function or target)
         return None
-    out = mod["main"]
-    return out if is_scheduled(out) else None
+    return out

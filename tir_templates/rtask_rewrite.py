@@ -11,7 +11,10 @@ It runs rTasks of different kernels one after another, so for each rTask we emit
   reach, so every block barrier of the kernel (``tvm_storage_sync("shared")``) becomes the named
   barrier ``bar.sync barrier_id, kernel.threads`` over the active threads only (``bar.sync`` counts
   whole warps, hence kernels with barriers need a thread count that is a multiple of 32). Warp
-  shuffles of lowered allreduces stay correct because the active threads are whole warps;
+  shuffles of lowered allreduces stay correct: the active threads are ``tid < kernel.threads``,
+  the same lanes that exist in a launch of ``kernel.threads`` threads (a partial last warp
+  included), and the masks come from ``__activemask()`` inside the early-exit branch, which names
+  exactly those lanes; the vEU's other lanes wait at the ``__syncthreads`` after the rTask;
 * every shared allocation ("shared" or "shared.dyn") turned into a typed view at a 16-byte aligned
   offset of one ``uint8`` pool that the persistent kernel allocates once (sized to its largest rTask;
   dynamic shared memory when that exceeds the 48 KB of static shared memory), accesses shifted by
@@ -43,11 +46,6 @@ __device__ __forceinline__ void {NAMED_BARRIER}(int id, int nthreads) {{
 WARP_SIZE = 32
 _SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
 _ACCESS_PTR_OP = tvm.ir.Op.get("tirx.tvm_access_ptr")
-_WARP_OPS = tuple(
-    tvm.ir.Op.get(name)
-    for name in ("tirx.tvm_warp_shuffle", "tirx.tvm_warp_shuffle_up", "tirx.tvm_warp_shuffle_down",
-                 "tirx.tvm_warp_activemask")
-)
 
 
 def _dtype(expr) -> str:
@@ -119,22 +117,14 @@ def _check_args(kernel: LoweredKernel, data_vars, veu_threads: int, smem_pool) -
             raise ValueError(f"{kernel.name}: shared pool smaller than the {kernel.shared_bytes} bytes it needs")
 
 
-def _uses_warp_ops(body) -> bool:
-    found = []
-    tvm_ffi.structural_walk(body, (tvm.ir.Call, lambda c: found.append(any(c.op.same_as(op) for op in _WARP_OPS))))
-    return any(found)
-
-
 def _check_early_exit(kernel: LoweredKernel, veu_threads: int) -> None:
-    """Early exit with a partial warp cannot use ``bar.sync`` nor warp shuffles safely."""
+    """Early exit with a partial warp cannot use ``bar.sync`` (it counts whole warps). Warp
+    shuffles are fine: the active lanes are those of a ``kernel.threads``-thread launch."""
     if kernel.threads == veu_threads or kernel.threads % WARP_SIZE == 0:
         return
     if kernel.has_sync:
         raise UnsupportedKernel(f"{kernel.name}: {kernel.threads} threads is not a multiple of {WARP_SIZE}; "
                                 f"a named barrier over them is impossible (vEU has {veu_threads} threads)")
-    if _uses_warp_ops(kernel.body):
-        raise UnsupportedKernel(f"{kernel.name}: warp shuffles over {kernel.threads} threads (not whole warps) "
-                                f"cannot run under early exit in a {veu_threads}-thread vEU")
 
 
 def early_exit_problem(kernel: LoweredKernel, veu_threads: int):

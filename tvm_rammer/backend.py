@@ -31,7 +31,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from relay_passes.dataflow_graph import DataflowGraph
+from relay_passes.dataflow_graph import DataflowGraph, becomes_view
 from relay_passes.group_rprograms import RammerGroupRPrograms, RProgramCall
 from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
@@ -42,6 +42,8 @@ from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, en
                                  has_barriers, num_counters)
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
+from .executor import MANIFEST_ATTR, build_manifest
+from .faults import fault_page_call, inject_test_fault
 from .policy import OpGraph, schedule
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .resources import ResourceProbe
@@ -69,6 +71,7 @@ class BuiltRProgram:
     func: tvm.tirx.PrimFunc
     report: dict
     schedule: dict | None = None  # timeline.schedule_of: what the timeline needs (inspect, run)
+    manifest: dict | None = None  # executor.build_manifest: what the reference executor checks
 
     def call(self) -> RProgramCall:
         """What the Relax rewrite needs to emit this rProgram."""
@@ -76,6 +79,8 @@ class BuiltRProgram:
         if self.tensors.blob is not None:
             args.append(relax.const(self.tensors.blob, "uint8"))
         args.append(relax.const(self.table, "int32"))
+        if self.func.attrs.get("rammer.fault_page", False):
+            args.append(fault_page_call(args[-1]))
         extra = []
         if self.tensors.arena_bytes:
             extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
@@ -85,6 +90,8 @@ class BuiltRProgram:
         func = self.func.with_attr(REPORT_ATTR, json.dumps(self.report))
         if self.schedule is not None:
             func = func.with_attr(timeline.SCHEDULE_ATTR, json.dumps(self.schedule))
+        if self.manifest is not None:
+            func = func.with_attr(MANIFEST_ATTR, json.dumps(self.manifest))
         return RProgramCall(name=self.spec.name, func=func, nodes=tuple(self.nodes),
                             args=tuple(args), outputs=tuple(self.tensors.outputs),
                             extra_outputs=tuple(extra), level=self.first_wave)
@@ -250,7 +257,8 @@ def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, o
     veu_threads = -(-threads // 32) * 32
     spec = PersistentKernelSpec(name=name, tensors=tuple(tensors.slots),
                                 num_inputs=tensors.num_inputs, entries=tuple(tensors.entries),
-                                veu_threads=veu_threads, spin_limit=config.spin_limit)
+                                veu_threads=veu_threads,
+                                wait_timeout_ns=int(config.wait_timeout_ms * 1e6))
     return spec, tensors
 
 
@@ -267,14 +275,18 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
                            for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
     # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
-    table = encode_program(plan.program, tensors.dispatch, num_veus)
+    table = inject_test_fault(encode_program(plan.program, tensors.dispatch, num_veus), num_veus,
+                              config)
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
                                  instantiate, veus_per_sm=plan.veus_per_sm,
                                  counters=num_counters(plan.program))
     report = rkernels.plan_report(plan, op_graph.ops, spec, num_veus, registers)
     first_wave = min(graph.levels()[i] for i in node_ids)
     schedule = timeline.schedule_of(k, spec.name, plan, op_graph, num_veus, vdevice.num_sms, config)
-    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report, schedule)
+    manifest = build_manifest(graph, node_ids, tensors, spec, table, num_veus, {
+        op: op_graph.ops[op].kernels[plan.selected[op]].num_rtasks for op in node_ids})
+    return BuiltRProgram(plan, node_ids, first_wave, tensors, spec, table, func, report, schedule,
+                         manifest)
 
 
 def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
@@ -309,6 +321,17 @@ def _check_against_default(built: BuiltRProgram, op_graph, profiler, timer) -> d
                       f"({default_us:.1f} us): its operators stay TVM's default kernels"}
 
 
+def _views_only(plan, graph, mod, skipped) -> bool:
+    """True (and its operators skipped) for an rProgram made only of reshapes that TVM's default
+    pipeline turns into views: as TVM's default they cost no launch, as an rProgram one."""
+    if not all(becomes_view(graph.nodes[i], mod) for i in plan.ops):
+        return False
+    for i in plan.ops:
+        skipped[i] = "a reshape that TVM turns into a view (no kernel); an rProgram of views only " \
+                     "would add a launch"
+    return True
+
+
 def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: RammerConfig,
                     profiler: Profiler, vdevice=None) -> BackendResult:
     """The rPrograms of ``graph`` (see the module docstring)."""
@@ -326,6 +349,8 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
     probe = ResourceProbe(enabled=config.measure_resources)
     built, fallbacks = [], []
     for k, plan in enumerate(plans):
+        if _views_only(plan, graph, mod, skipped):
+            continue
         with _phase(phases, f"persistent kernel {k}"):
             one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
         with _phase(phases, f"check {k} against TVM default"):

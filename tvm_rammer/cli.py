@@ -359,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_bench(sub, _add_common, _config)
     register_tune(sub, _add_common, _config)
+    from .fuzz import register as register_fuzz
+
+    register_fuzz(sub)
     return parser
 
 

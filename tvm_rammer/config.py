@@ -31,7 +31,10 @@ class RammerConfig:
     selection / merge: the policy's rKernel selection and rProgram-merge rules (Algorithm 1 =
         "paper"); the others exist for ablations.
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
-    spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
+    wait_timeout_ms: how long (GPU ``%globaltimer``) a barrier-rTask waits before it gives up: the
+        kernel then ends normally with the fault recorded, and the host raises an error naming the
+        vEU and the rTask (``tvm_rammer.faults``). Longer than any legitimate wait (a wait never
+        outlasts the rProgram, whose rTasks are single thread blocks), short enough to notice.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
     profile: measure on the local GPU when it has the target's arch (compile-time profiling, paper
@@ -63,7 +66,7 @@ class RammerConfig:
     selection: str = "paper"
     merge: str = "paper"
     fusion: bool = True
-    spin_limit: int = 1 << 26
+    wait_timeout_ms: float = 10_000.0
     launch_us: float = 4.0
     barrier_us: float = 0.8
     measure_resources: bool = False
@@ -108,5 +111,5 @@ class RammerConfig:
             raise ValueError(f"rprogram_profiles={self.rprogram_profiles} must be >= 0")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
-        if self.spin_limit <= 0:
-            raise ValueError(f"spin_limit={self.spin_limit} must be positive")
+        if not self.wait_timeout_ms > 0:
+            raise ValueError(f"wait_timeout_ms={self.wait_timeout_ms} must be positive")

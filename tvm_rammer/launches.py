@@ -12,7 +12,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-_BUILTIN_PREFIXES = ("vm.builtin.", "relax.", "runtime.")
+# VM builtins and tvm-rammer's host-side helpers (the fault page, tvm_rammer.faults) launch nothing
+_BUILTIN_PREFIXES = ("vm.builtin.", "relax.", "runtime.", "tvm_rammer.")
 
 
 def _block_idx_nodes(stmt) -> list:

@@ -30,7 +30,7 @@ from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_to_slices import SplitToSlices
-from tir_templates.default_schedule import default_schedule_each
+from tir_templates.default_schedule import default_schedule_pass
 
 from .backend import RammerBackend
 from .config import RammerConfig
@@ -63,7 +63,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *fusion,                                       # never joins two independent branches
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
         StashUnscheduled(),                            # rKernel versions re-schedule these
-        _with_target(rkernel_target(target, config), default_schedule_each),  # rKernels = dlight blocks
+        _with_target(rkernel_target(target, config), default_schedule_pass()),  # rKernels = dlight
         _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
         *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on

@@ -9,6 +9,7 @@ import onnx
 import tvm
 from tvm import relax
 
+from . import faults
 from .config import RammerConfig
 from .frontend import import_onnx, load_onnx
 from .gpu import gpu_available
@@ -55,9 +56,16 @@ def _flatten(result) -> list:
     return [result.numpy()]
 
 
-def _launch(vm, args):
+def _launch(vm, args, dev=None):
+    """One run of ``main``; with ``dev``, waits for it and raises ``faults.KernelFault`` when a
+    persistent kernel gave up a wait (the vEU and rTask named; the context stays usable)."""
     try:
-        return vm["main"](*args)
+        out = vm["main"](*args)
+        if dev is not None:
+            faults.check(dev)
+        return out
+    except faults.KernelFault:
+        raise
     except Exception as err:
         text = str(err)
         if "COOPERATIVE_LAUNCH_TOO_LARGE" in text:
@@ -72,7 +80,7 @@ def execute(ex, inputs: list, dev, runs: int = 200) -> tuple:
     """(outputs as numpy, median latency in microseconds) of one executable."""
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(x, dev) for x in inputs]
-    outs = _flatten(_launch(vm, args))
+    outs = _flatten(_launch(vm, args, dev))
     timer = vm.time_evaluator("main", dev, number=max(1, runs // 10), repeat=10, min_repeat_ms=0)
     return outs, float(timer(*args).median * 1e6)
 

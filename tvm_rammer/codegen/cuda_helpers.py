@@ -11,9 +11,20 @@ vEU is done with its stores), then its first thread publishes with a *release* s
 A waiting thread polls with *acquire* loads at GPU scope; the barrier-rTask ends with
 ``__syncthreads`` so that every thread of the waiting vEU is ordered after the acquire.
 
-Spins are bounded: a wait that does not complete within ``spin_limit`` polls (with ``__nanosleep``
-back-off, seconds in total) records which vEU got stuck in the state array, prints it and traps, so a
-scheduling bug surfaces as a CUDA error ("unspecified launch failure") instead of a silent hang.
+Operator-completion counters follow the fault record in the state (``state[num_veus +
+STATE_WORDS + k]``): each rTask of a counted operator adds 1 with a *release* reduction after its
+``__syncthreads`` (:data:`COUNT_SOURCE`); a wait entry ``<-(k+1), n>`` polls counter ``k`` until it
+reaches ``n`` (acquire), like a step.
+
+Waits are bounded in *time*: a poll loop reads ``%globaltimer`` (nanoseconds) and gives up after
+``timeout_ns``. The first vEU that gives up records the fault in the step array's extra words
+(:data:`STATE_WORDS` past the vEUs' steps: code, vEU, instruction, awaited vEU, awaited step,
+step reached) and, when the kernel has one, in the host-mapped fault page (``tvm_rammer.faults``:
+the same record plus the kernel's id and the rTask the barrier guarded, written with system-scope
+ordering and the code word last). Every other waiting vEU sees the code and stops waiting; after
+each barrier-rTask the whole vEU agrees (:data:`STOPPED_NAME`, through shared memory) whether to
+skip the rest of its instructions. So a wait that can never complete ends the kernel normally, the
+CUDA context stays usable, and the host raises an error naming the vEU and the rTask; no ``__trap``.
 
 These are emitted with ``tvm.backend.cuda.op.cuda_func_call``, which places the source below into
 the generated ``.cu`` file once per kernel.
@@ -22,6 +33,13 @@ the generated ``.cu`` file once per kernel.
 SIGNAL_NAME = "rammer_signal"
 COUNT_NAME = "rammer_count"
 WAIT_NAME = "rammer_wait"
+STOPPED_NAME = "rammer_stopped"
+
+FAULT_WAIT_TIMEOUT = 1  # fault code: a barrier-rTask's wait ran past its time limit
+# step-array words past the vEUs' steps: code, vEU, instruction, awaited vEU, step, reached step
+STATE_WORDS = 6
+# fault page: code, kernel id, vEU, instruction, awaited vEU, step, reached, next entry, next rTask
+PAGE_WORDS = 16
 
 SIGNAL_SOURCE = r"""
 __device__ __forceinline__ void rammer_signal(int* __restrict__ state, int veu, int step) {
@@ -43,26 +61,77 @@ __device__ __forceinline__ int rammer_ld_acquire(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned long long rammer_now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void rammer_record_fault(const int* __restrict__ program,
+                                                    int* __restrict__ state, int* fault_page,
+                                                    int kernel_id, int num_veus, int veu, int pc,
+                                                    int next_at, int other, int slot, int step) {
+  // the first vEU to give up owns the record (other < 0: operator counter -other-1)
+  if (atomicCAS(state + num_veus, 0, 1) != 0) return;
+  const int reached = rammer_ld_acquire(state + slot);
+  state[num_veus + 1] = veu;
+  state[num_veus + 2] = pc;
+  state[num_veus + 3] = other;
+  state[num_veus + 4] = step;
+  state[num_veus + 5] = reached;
+  if (fault_page != nullptr) {
+    volatile int* page = fault_page;
+    page[1] = kernel_id;
+    page[2] = veu;
+    page[3] = pc;
+    page[4] = other;
+    page[5] = step;
+    page[6] = reached;
+    page[7] = program[next_at] - 1;   // dispatch entry of the rTask this barrier guards
+    page[8] = program[next_at + 1];   // its rtask_id
+    __threadfence_system();
+    asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(fault_page), "r"(1) : "memory");
+  }
+}
 __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int* __restrict__ state,
                                             int first, int count, int nthreads, int tid, int veu,
-                                            int error_slot, long long spin_limit) {
+                                            int num_veus, int pc, int next_at, long long timeout_ns,
+                                            int* fault_page, int kernel_id) {
   // barrier-rTask: thread i polls wait entries i, i + nthreads, ...; an entry <vEU, step> waits for
-  // state[vEU] >= step, an entry <-(k+1), n> for operator counter k (state[error_slot + 1 + k]) >= n
+  // state[vEU] >= step, an entry <-(k+1), n> for operator counter k (after the fault record) >= n
   for (int i = tid; i < count; i += nthreads) {
     const int other = program[first + 2 * i];
     const int step = program[first + 2 * i + 1];
-    const int slot = other >= 0 ? other : error_slot - other;
-    long long spins = 0;
+    const int slot = other >= 0 ? other : num_veus + RAMMER_STATE_WORDS - other - 1;
+    const unsigned long long start = rammer_now_ns();
+    unsigned int pause = 32;
     while (rammer_ld_acquire(state + slot) < step) {
-      __nanosleep(64);
-      if (++spins > spin_limit) {
-        atomicExch(state + error_slot, veu + 1);
-        printf("tvm-rammer: vEU %d waited too long for state[%d] to reach %d (has %d); aborting\n",
-               veu, slot, step, rammer_ld_acquire(state + slot));
-        __trap();
+      if (rammer_ld_acquire(state + num_veus) != 0) return;  // another vEU gave up: stop too
+      __nanosleep(pause);
+      if (pause < 256) pause *= 2;
+      if ((long long)(rammer_now_ns() - start) > timeout_ns) {
+        rammer_record_fault(program, state, fault_page, kernel_id, num_veus, veu, pc, next_at,
+                            other, slot, step);
+        return;
       }
     }
   }
+}
+""".replace("RAMMER_STATE_WORDS", str(STATE_WORDS))
+
+# sources are placed once per function name, in no set order: this one stands alone
+STOPPED_SOURCE = r"""
+__device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int num_veus, int tid) {
+  // after a barrier-rTask: the whole vEU agrees whether the kernel gave up (one shared read)
+  __shared__ int rammer_stop_flag;
+  if (tid == 0) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(state + num_veus) : "memory");
+    rammer_stop_flag = v;
+  }
+  __syncthreads();
+  const int stop = rammer_stop_flag;
+  __syncthreads();
+  return stop;
 }
 """
 

@@ -22,6 +22,10 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.timeline``).
 * a shared-memory pool larger than 48 KB (tensor-core rTasks with large tiles) is allocated as
   dynamic shared memory ("shared.dyn"): TVM passes its size at launch and opts the kernel in.
+* faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
+  extra words and in the host-mapped fault page (an extra input, ``tvm_rammer.faults``), every vEU
+  skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
+  raises an error naming the vEU and the rTask, and the CUDA context stays usable.
 
 Operators that share one rKernel share one kernel body ("dispatch entry"): the tensors in which
 they differ live in an arena (the rProgram's intermediates in one uint8 work buffer, its constants in
@@ -47,6 +51,7 @@ ran on (``BarrierRTask.ops``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -115,7 +120,7 @@ class PersistentKernelSpec:
     num_inputs: int
     entries: tuple  # DispatchEntry; dispatch index k <-> instruction kind k + 1
     veu_threads: int
-    spin_limit: int = 1 << 26
+    wait_timeout_ns: int = 10_000_000_000  # a barrier-rTask gives up after this long (globaltimer)
     timeline: bool = False  # instrumented build: per-instruction start/end/SM (module docstring)
 
     def __post_init__(self):
@@ -237,6 +242,16 @@ def _entry_body(entry, buffers, table, rtask_id, offsets_at, tid, veu_threads, p
     return stmt
 
 
+def _flat_view(buf):
+    """A view declared on an input's data, so the body names every input's data Var.
+
+    TVM's RewriteDataflowReshape asks ``HasReshapePattern`` (which only accepts s_tir functions)
+    about every call_tir whose callee names exactly one of its input arguments' data Vars in the
+    body; a persistent kernel one of whose operators reads nothing (TVM simplified it away) would
+    hit that. With the table and every input named, the count is never one."""
+    return tirx.decl_buffer(buf.shape, buf.dtype, name=f"{buf.name}_in", data=buf.data)
+
+
 def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: int,
                           with_barriers: bool, instantiate: Callable,
                           veus_per_sm: int | None = None,
@@ -244,9 +259,10 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                           counters: int = 0) -> tirx.PrimFunc:
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
-    Parameters: the input tensors, the program table, the output tensors, the state
-    (``int32[num_veus + 1 + counters]``: each vEU's step, an entry that records a vEU that timed out
-    in a wait, and ``counters`` operator-completion counters; see the module docstring).
+    Parameters: the input tensors, the program table, with barriers the fault page
+    (``int32[cuda_helpers.PAGE_WORDS]``, host-mapped), the output tensors, the state
+    (``int32[num_veus + cuda_helpers.STATE_WORDS + counters]``: the steps, the fault record, then
+    ``counters`` operator-completion counters; see the module docstring).
     ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
     ``__launch_bounds__(veu_threads, veus_per_sm)``: nvcc then keeps the registers low enough for
     that many vEUs to be resident on every SM, which the cooperative launch relies on.
@@ -257,19 +273,22 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         raise ValueError(f"{spec.name}: an instrumented (timeline) kernel needs num_instructions")
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
-    state = tirx.decl_buffer((num_veus + 1 + counters,), INT32, name="rammer_state")
+    program = tirx.decl_buffer((table_len,), INT32, name="rammer_program_view", data=table.data)
+    counter_base = num_veus + cuda_helpers.STATE_WORDS
+    state = tirx.decl_buffer((counter_base + counters,), INT32, name="rammer_state")
+    page = tirx.decl_buffer((cuda_helpers.PAGE_WORDS,), INT32, name="rammer_fault_page")
+    stop = tirx.decl_buffer((1,), INT32, name="rammer_stop", scope="local")
     veu = tirx.Var("veu", INT32)
     tid = tirx.Var("tid", INT32)
     pool = None
     if spec.shared_bytes:
-        # beyond 48 KB the pool is dynamic shared memory: TVM launches the kernel with its size and
-        # its CUDA runtime opts the kernel in (cudaFuncAttributeMaxDynamicSharedMemorySize)
-        scope = "shared.dyn" if spec.shared_bytes > STATIC_SHARED_BYTES else "shared"
-        pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem", scope=scope)
+        pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem",
+                                scope="shared.dyn" if spec.shared_bytes > STATIC_SHARED_BYTES
+                                else "shared")
 
     pc = tirx.Var("pc", INT32)
     kind, arg_a, arg_b, arg_c = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b", "arg_c"))
-    start = tirx.BufferLoad(table, [veu])
+    start = tirx.BufferLoad(program, [veu])
     inst = num_veus + 1 + (start + pc) * INST_WORDS
     timeline = record = None
     if spec.timeline:
@@ -281,37 +300,49 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
             source_code=cuda_helpers.RECORD_SOURCE)), None)
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
         tirx.Evaluate(cuda_op.cuda_func_call(
-            cuda_helpers.WAIT_NAME, _ptr(table), _ptr(state), arg_a, arg_b,
-            tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32),
-            tirx.const(spec.spin_limit, "int64"), source_code=cuda_helpers.WAIT_SOURCE)),
-        _sync(), *([record] if record else [])]), None)]
+            cuda_helpers.WAIT_NAME, _ptr(program), _ptr(state), arg_a, arg_b,
+            tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32), pc,
+            inst + INST_WORDS, tirx.const(spec.wait_timeout_ns, "int64"), _ptr(page),
+            tirx.const(kernel_id(spec.name), INT32), source_code=cuda_helpers.WAIT_SOURCE)),
+        _sync(),
+        *([record] if record else []),
+        tirx.BufferStore(stop, cuda_op.cuda_func_call(
+            cuda_helpers.STOPPED_NAME, _ptr(state), tirx.const(num_veus, INT32), tid,
+            source_code=cuda_helpers.STOPPED_SOURCE, return_type=INT32), [0])]), None)]
     for k, entry in enumerate(spec.entries):
-        rtask = _entry_body(entry, buffers, table, arg_a, arg_c, tid, spec.veu_threads, pool,
+        rtask = _entry_body(entry, buffers, program, arg_a, arg_c, tid, spec.veu_threads, pool,
                             instantiate)
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
             cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
         count = []
         if counters:
-            which = tirx.BufferLoad(table, [arg_c])
+            which = tirx.BufferLoad(program, [arg_c])
             count = [tirx.IfThenElse(_uniform(which >= 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
-                cuda_op.cuda_func_call(cuda_helpers.COUNT_NAME, _ptr(state),
-                                       num_veus + 1 + which, source_code=cuda_helpers.COUNT_SOURCE)),
-                None), None)]
+                cuda_op.cuda_func_call(cuda_helpers.COUNT_NAME, _ptr(state), counter_base + which,
+                                       source_code=cuda_helpers.COUNT_SOURCE)), None), None)]
         cases.append(tirx.IfThenElse(_uniform(kind == k + 1), tirx.SeqStmt(
             [rtask, _sync(), *([record] if record else []), *count, signal]), None))
-    loop = tirx.For(pc, 0, tirx.BufferLoad(table, [veu + 1]) - start, tirx.ForKind.SERIAL,
-                    tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(table, [inst])),
-                                  tirx.Bind(arg_a, tirx.BufferLoad(table, [inst + 1])),
-                                  tirx.Bind(arg_b, tirx.BufferLoad(table, [inst + 2])),
-                                  tirx.Bind(arg_c, tirx.BufferLoad(table, [inst + 3])),
-                                  *([tirx.Bind(began, cuda_op.cuda_func_call(
-                                      cuda_helpers.TIMER_NAME, source_code=cuda_helpers.TIMER_SOURCE,
-                                      return_type="int64"))] if record else []),
-                                  *cases]))
-    stmts = [tirx.AllocBuffer(pool)] if pool is not None else []
+    step = tirx.SeqStmt([tirx.Bind(kind, tirx.BufferLoad(program, [inst])),
+                         tirx.Bind(arg_a, tirx.BufferLoad(program, [inst + 1])),
+                         tirx.Bind(arg_b, tirx.BufferLoad(program, [inst + 2])),
+                         tirx.Bind(arg_c, tirx.BufferLoad(program, [inst + 3])),
+                         *([tirx.Bind(began, cuda_op.cuda_func_call(
+                             cuda_helpers.TIMER_NAME, source_code=cuda_helpers.TIMER_SOURCE,
+                             return_type="int64"))] if record else []),
+                         *(cases if with_barriers else cases[1:])])
+    if with_barriers:  # after a fault every vEU skips the rest of its instructions
+        step = tirx.IfThenElse(_uniform(tirx.BufferLoad(stop, [0]) == 0), step, None)
+    loop = tirx.For(pc, 0, tirx.BufferLoad(program, [veu + 1]) - start, tirx.ForKind.SERIAL, step)
+    stmts = [tirx.DeclBuffer(program, data=table.data)]
+    inputs = buffers[: spec.num_inputs]
+    if inputs:  # see _flat_view
+        stmts += [tirx.DeclBuffer(_flat_view(b), data=b.data) for b in inputs]
+    if pool is not None:
+        stmts.append(tirx.AllocBuffer(pool))
     if with_barriers:
-        stmts += [tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
+        stmts += [tirx.AllocBuffer(stop), tirx.BufferStore(stop, tirx.const(0, INT32), [0]),
+                  tirx.IfThenElse(tid == 0, tirx.BufferStore(state, tirx.const(0, INT32), [veu]), None),
                   tirx.IfThenElse(tirx.all(veu == 0, tid == 0),
                                   tirx.BufferStore(state, tirx.const(0, INT32), [num_veus]), None)]
         if counters:  # every thread of the grid zeroes counters i, i + grid size, ...
@@ -320,10 +351,10 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
             index = (i * num_veus + veu) * spec.veu_threads + tid
             stmts.append(tirx.For(i, 0, -(-counters // grid), tirx.ForKind.SERIAL, tirx.IfThenElse(
                 index < counters, tirx.BufferStore(state, tirx.const(0, INT32),
-                                                   [num_veus + 1 + index]), None)))
+                                                   [counter_base + index]), None)))
         stmts.append(tirx.Evaluate(cuda_op.cuda_grid_sync()))
     stmts.append(loop)
-    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else loop
+    body = tirx.SeqStmt(stmts)
     if veus_per_sm is not None:
         body = tirx.AttrStmt(tirx.const(0, INT32), "tirx.launch_bounds_min_blocks_per_sm",
                              tirx.const(veus_per_sm, INT32), body)
@@ -331,10 +362,10 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                          "thread_extent", spec.veu_threads, body)
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, num_veus), veu, 1, "blockIdx.x"),
                          "thread_extent", num_veus, body)
-    inputs = buffers[: spec.num_inputs]
     outputs = buffers[spec.num_inputs:]
+    fault = [page] if with_barriers else []
     extra = [timeline] if timeline is not None else []
-    func = tirx.PrimFunc([*inputs, table, *outputs, state, *extra], body)
+    func = tirx.PrimFunc([*inputs, table, *fault, *outputs, state, *extra], body)
     func = func.with_attrs({
         "global_symbol": spec.name,
         "tirx.noalias": True,
@@ -343,8 +374,16 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"],
         "rammer.num_veus": num_veus,
         "rammer.veu_threads": spec.veu_threads,
-        "rammer.state_words": num_veus + 1 + counters,
+        "rammer.state_words": counter_base + counters,
+        "rammer.fault_page": bool(with_barriers),
     })
     if timeline is not None:
         func = func.with_attr("rammer.timeline_words", num_instructions * cuda_helpers.TIMELINE_WORDS)
     return func
+
+
+def kernel_id(name: str) -> int:
+    """The number a persistent kernel reports itself by in the fault page: the ``k`` of
+    ``rammer_rprogram<k>`` (0 for other names)."""
+    digits = re.search(r"(\d+)$", name)
+    return int(digits.group(1)) if digits else 0

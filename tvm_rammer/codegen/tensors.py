@@ -36,6 +36,7 @@ class TensorPlan:
     arena_bytes: int  # work arena size (the last output slot when > 0)
     entries: list  # DispatchEntry
     dispatch: dict  # op uid -> (entry index, arena offsets)
+    where: dict = None  # TensorRef -> (slot, byte offset in its arena, or None for a slot of its own)
 
 
 def _itemsize(dtype: str) -> int:
@@ -154,8 +155,9 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
         for t in constants:
             raw = np.frombuffer(_constant_bytes(t), dtype=np.uint8)
             blob[const_at[t]: const_at[t] + raw.size] = raw
+    where = {t: place(t) for ts in binds.values() for t in ts}
     return TensorPlan(slots, num_inputs, [t.expr for t in direct_inputs], blob, outputs,
-                      arena_bytes, entries, dispatch)
+                      arena_bytes, entries, dispatch, where)
 
 
 def _class(where) -> tuple:
