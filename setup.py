@@ -18,7 +18,8 @@ setup(
     ],
     package_data={"tvm_rammer": ["profiles/*.json"]},
     extras_require={
-        "test": ["pytest", "onnxruntime", "matplotlib"],
+        # the tutorials run as notebooks in a Jupyter kernel (tests/test_tutorials.py)
+        "test": ["pytest", "onnxruntime", "matplotlib", "nbclient", "nbformat", "ipykernel"],
         "bench": ["onnxruntime", "matplotlib"],
         "timeline": ["matplotlib"],  # the PNG of `--timeline` (the Perfetto JSON needs nothing)
         "torch": ["torch", "onnx2torch"],
