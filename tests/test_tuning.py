@@ -45,6 +45,26 @@ def test_every_distinct_schedule_of_the_tuning_database_becomes_a_version(tmp_pa
     assert all(isinstance(v.func, tirx.PrimFunc) for v in tuned)
 
 
+def test_the_pipeline_dlight_version_survives_the_cap_and_same_shape_tuned_versions(tmp_path):
+    """TVM's default kernel is what every choice falls back to: a tuned record with its launch shape,
+    or a cap on the version count, never drops it."""
+    mod, gv = stashed_and_scheduled(*CASES["matmul"])
+    unscheduled = unscheduled_funcs(mod)[gv.name_hint]
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    workload = db.commit_workload(_normalize_mod(unscheduled))
+    sch = dl.gpu.Matmul().apply(workload.mod["main"], TARGET, False)  # dlight's own tiles
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs=[1e-5], target=TARGET))
+    for cap in (1, 2, 8):
+        found = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv], unscheduled=unscheduled,
+                                database=open_database(str(tmp_path)),
+                                options=VersionOptions(max_versions=cap))
+        assert "dlight" in [v.name for v in found], (cap, [v.name for v in found])
+        assert len(found) <= cap
+    tuned, default = found[0], next(v for v in found if v.name == "dlight")
+    assert tuned.source == "metaschedule"
+    assert (tuned.lowered.grid, tuned.lowered.block) == (default.lowered.grid, default.lowered.block)
+
+
 def test_an_operator_missing_from_the_database_gets_no_tuned_version(tmp_path):
     mod, gv = stashed_and_scheduled(*CASES["matmul"])
     write_database(str(tmp_path), unscheduled_funcs(mod)[gv.name_hint])

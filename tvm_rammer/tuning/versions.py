@@ -2,7 +2,9 @@
 
 An rKernel version is one scheduled PrimFunc of an operator, prelowered into rTasks
 (``tir_templates.prelower``). :func:`kernel_versions` gathers them for one operator from three sources,
-in this order, and keeps the first of any two with the same ``(grid, block)``:
+in this order, and keeps the first of any two with the same ``(grid, block)``, except that the
+pipeline's own dlight schedule (TVM's default kernel, the version every choice falls back to) is
+always kept:
 
 1. ``metaschedule``: the best distinct schedules of a MetaSchedule tuning database
    (``tvm-rammer tune`` writes one), each trace applied to the operator's unscheduled PrimFunc;
@@ -230,16 +232,20 @@ def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.Pri
     if unscheduled is not None and options.templates:
         candidates += [(t.name, "template", t.func) for t in template_schedules(unscheduled, target)]
     versions, shapes = [], set()
+    default_pending = scheduled is not None
     for vname, source, func in candidates:
-        if len(versions) >= options.max_versions:
-            break
+        is_default = vname == "dlight" and func is scheduled
+        room = options.max_versions - len(versions) - (1 if default_pending and not is_default else 0)
+        if room <= 0 and not is_default:
+            continue
+        default_pending = default_pending and not is_default
         try:
             lowered = prelower(func, target, name=name)
         except UnsupportedKernel as err:
             LOG.info("tvm-rammer: %s version %s dropped: %s", name, vname, err)
             continue
         shape = (lowered.grid, lowered.block)
-        if shape in shapes:
+        if shape in shapes and not is_default:
             continue
         shapes.add(shape)
         versions.append(KernelVersion(vname, source, func, lowered))
