@@ -19,7 +19,9 @@ def _config(args) -> RammerConfig:
     return RammerConfig(max_rtask_threads=args.max_rtask_threads, veus_per_sm=args.veus_per_sm,
                         num_sms=args.num_sms, selection=args.selection, merge=args.merge,
                         profile_db=args.profile_db, tuning_db=args.tuning_db,
-                        versions=not args.no_versions)
+                        versions=not args.no_versions,
+                        tail_fusion=not args.no_tail_fusion,
+                        split_concat_matmul=not args.no_split_concat_matmul)
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -38,6 +40,10 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="MetaSchedule database directory: its schedules become rKernel versions")
     p.add_argument("--no-versions", action="store_true",
                    help="one rKernel per operator (the pipeline's dlight schedule)")
+    p.add_argument("--no-tail-fusion", action="store_true",
+                   help="leave the elementwise tail after a split to BranchPreservingFusion")
+    p.add_argument("--no-split-concat-matmul", action="store_true",
+                   help="keep matmul(concat([x, h]), W) as one MatMul")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
 
 

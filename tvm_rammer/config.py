@@ -28,6 +28,10 @@ class RammerConfig:
     selection / merge: the policy's rKernel selection and rProgram-merge rules (Algorithm 1 =
         "paper"); the others exist for ablations.
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
+    tail_fusion: with ``fusion``, also run SplitTailFusion: the elementwise tail after a split (an
+        LSTM cell's gates and cell update) becomes one dependent step instead of a chain.
+    split_concat_matmul: run SplitMatMulOverConcat: ``matmul(concat([x, h]), W)`` with a constant W
+        becomes ``x @ W_x + h @ W_h``, taking the input half off an RNN's recurrent critical path.
     spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
@@ -44,6 +48,8 @@ class RammerConfig:
     selection: str = "paper"
     merge: str = "paper"
     fusion: bool = True
+    tail_fusion: bool = True
+    split_concat_matmul: bool = True
     spin_limit: int = 1 << 26
     launch_us: float = 4.0
     barrier_us: float = 0.8

@@ -25,6 +25,8 @@ from tvm.s_tir import dlight as dl
 
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.group_rprograms import RammerGroupRPrograms
+from relay_passes.split_matmul_concat import SplitMatMulOverConcat
+from relay_passes.split_tail_fusion import SplitTailFusion
 from relay_passes.split_to_slices import SplitToSlices
 
 from .config import RammerConfig
@@ -39,11 +41,15 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
     fusion = [BranchPreservingFusion()] if config.fusion else []
+    if config.fusion and config.tail_fusion:
+        fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
+    split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
     schedule = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
         SplitToSlices(),                               # one kernel per part: parts become rTasks
+        *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
