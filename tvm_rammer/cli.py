@@ -21,6 +21,7 @@ def _config(args) -> RammerConfig:
                         profile_db=args.profile_db, tuning_db=args.tuning_db,
                         versions=not args.no_versions,
                         tail_fusion=not args.no_tail_fusion,
+                        prologue_fusion=not args.no_prologue_fusion,
                         split_concat_matmul=not args.no_split_concat_matmul)
 
 
@@ -42,6 +43,8 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="one rKernel per operator (the pipeline's dlight schedule)")
     p.add_argument("--no-tail-fusion", action="store_true",
                    help="leave the elementwise tail after a split to BranchPreservingFusion")
+    p.add_argument("--no-prologue-fusion", action="store_true",
+                   help="keep an elementwise op that only a conv/matmul reads as its own kernel")
     p.add_argument("--no-split-concat-matmul", action="store_true",
                    help="keep matmul(concat([x, h]), W) as one MatMul")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")

@@ -30,6 +30,8 @@ class RammerConfig:
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
     tail_fusion: with ``fusion``, also run SplitTailFusion: the elementwise tail after a split (an
         LSTM cell's gates and cell update) becomes one dependent step instead of a chain.
+    prologue_fusion: with ``fusion``, an elementwise group that only a conv/matmul reads fuses in
+        front of it (NASNet's ReLU before each separable conv) when that delays nothing.
     split_concat_matmul: run SplitMatMulOverConcat: ``matmul(concat([x, h]), W)`` with a constant W
         becomes ``x @ W_x + h @ W_h``, taking the input half off an RNN's recurrent critical path.
     spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
@@ -49,6 +51,7 @@ class RammerConfig:
     merge: str = "paper"
     fusion: bool = True
     tail_fusion: bool = True
+    prologue_fusion: bool = True
     split_concat_matmul: bool = True
     spin_limit: int = 1 << 26
     launch_us: float = 4.0

@@ -40,7 +40,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     """The rammer Relax pipeline as a flat list of passes."""
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
-    fusion = [BranchPreservingFusion()] if config.fusion else []
+    fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
