@@ -11,8 +11,10 @@ Input: Relax with high-level ops (run before LegalizeOps, so that FoldConstant a
 half whose input is a constant, e.g. ``zeros @ W_h`` at the first step). Rewrites a ``relax.matmul``
 whose second argument is a 2-D Constant ``W`` of static shape ``[K, N]`` and whose first argument is
 a dataflow var bound to ``relax.concat`` along its last axis of two or more parts with static widths
-summing to K. Each ``W`` is split once per set of widths: the steps sharing a weight share its
-halves (no copy per step). Declines everything else (a W that is not a constant, concat along
+summing to K. A constant bias added to the result, ``matmul(concat([x, h]), W) + bias``, moves onto
+the first part's term, ``(x @ W_x + bias) + h @ W_h``, where it fuses into that matmul as an
+epilogue (the first part is an RNN step's input; the recurrent state comes last). Each ``W`` is
+split once per set of widths: the steps sharing a weight share its halves (no copy per step). Declines everything else (a W that is not a constant, concat along
 another axis, symbolic widths, batched weights). Output: the same computation; a concat that has no
 other use is removed.
 """
@@ -22,6 +24,7 @@ import tvm
 from tvm import relax
 
 MATMUL = tvm.ir.Op.get("relax.matmul")
+ADD = tvm.ir.Op.get("relax.add")
 CONCAT = tvm.ir.Op.get("relax.concat")
 CONSTANT = tvm.ir.expr.Constant
 
@@ -51,6 +54,7 @@ class _Rewriter(relax.PyExprMutator):
         super().__init__(mod)
         self.halves = {}
         self.rewrites = 0
+        self.sums = []  # (the sum expression emitted for a split matmul, its terms)
 
     def _concat_parts(self, x):
         """The parts of the concat `x` is bound to, when it concatenates along its last axis."""
@@ -83,8 +87,17 @@ class _Rewriter(relax.PyExprMutator):
                                 for lo, hi in zip(edges[:-1], edges[1:])]
         return self.halves[key]
 
+    def _split_terms(self, x):
+        """The terms of the split matmul `x` is bound to, or None."""
+        if not isinstance(x, relax.Var):
+            return None
+        value = self.lookup_binding(x)
+        return next((terms for total, terms in self.sums if total.same_as(value)), None)
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
+        if _is_op(call, ADD) and isinstance(call.args[1], CONSTANT):
+            return self._move_bias(call)
         if not _is_op(call, MATMUL) or not isinstance(call.args[1], CONSTANT):
             return call
         weight = call.args[1]
@@ -99,10 +112,25 @@ class _Rewriter(relax.PyExprMutator):
         out_dtype = call.attrs.out_dtype
         terms = [self.builder_.emit(relax.op.matmul(part, w_part, out_dtype=out_dtype))
                  for part, w_part in zip(parts, self._weight_parts(weight, widths))]
+        return self._sum(terms)
+
+    def _sum(self, terms):
+        """((t0 + t1) + t2) + ...: the last add is returned unbound (the binding being rewritten)."""
         total = terms[0]
         for term in terms[1:-1]:
             total = self.builder_.emit(relax.op.add(total, term))
-        return self.builder_.normalize(relax.op.add(total, terms[-1]))
+        result = self.builder_.normalize(relax.op.add(total, terms[-1]))
+        self.sums.append((result, terms))
+        return result
+
+    def _move_bias(self, call):
+        """``split_sum + bias`` -> ``(t0 + bias) + t1 + ...``: the bias becomes an epilogue of the
+        first part's matmul (the input half of an RNN step) instead of a step on the path."""
+        terms = self._split_terms(call.args[0])
+        if terms is None:
+            return call
+        first = self.builder_.emit(relax.op.add(terms[0], call.args[1]))
+        return self._sum([first, *terms[1:]])
 
 
 @tvm.transform.module_pass(opt_level=0, name="SplitMatMulOverConcat")

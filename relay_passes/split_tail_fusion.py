@@ -14,8 +14,10 @@ the common case). The tail grows from T's consumers:
 * downwards: a fusable (elementwise/broadcast/injective) consumer of a tail member joins when every
   other input it reads is a constant, a parameter or produced at a level lower than every member's
   level (so nothing in the tail waits longer than it did before);
-* upwards: the fusable producer of a tensor that only tail members read (``gates = mx + mh + b``
-  above the split) joins under the same rule.
+* upwards: the fusable producer of a tensor that only tail members read (``gates = mx + mh``
+  above the split) joins under the same rule, unless it is a matmul's or conv's epilogue (an
+  elementwise op on that operator's output, read by it alone, and on constants): that one fuses
+  into the operator (BranchPreservingFusion), which keeps the tail's inputs fewer.
 
 A tail is never joined to an independent branch: every input from outside the tail was ready
 before the tail's first member could start, which is BranchPreservingFusion's rule (fusion must not
@@ -40,7 +42,8 @@ main that is not one dataflow block. Must run after FoldConstant and before Bran
 import tvm
 from tvm import relax
 
-from .branch_fusion import INJECTIVE, _emit_group_function, _fusable_call, _group_name, _op_pattern
+from .branch_fusion import (INJECTIVE, OUT_EWISE_FUSABLE, _emit_group_function, _fusable_call,
+                            _group_name, _op_pattern)
 from .dataflow_graph import DataflowGraph
 
 MAX_RECOMPUTE = 2.0
@@ -118,6 +121,18 @@ def find_tails(graph):
     return tails
 
 
+def _is_epilogue(graph, index):
+    """True for an elementwise node reading one conv/matmul output that nothing else reads, and
+    otherwise constants or parameters only: it belongs to that operator (bias, activation)."""
+    produced = [t for t in graph.nodes[index].inputs if t.producer is not None]
+    if len(produced) != 1:
+        return False
+    producer = graph.nodes[produced[0].producer]
+    return (_op_pattern(producer, graph.mod) == OUT_EWISE_FUSABLE
+            and _readers(graph, produced[0]) == [index]
+            and not graph.is_graph_output(produced[0]))
+
+
 def _grow(tail, taken):
     """Add producers above and consumers below until neither rule admits another node."""
     graph, mod = tail.graph, tail.graph.mod
@@ -130,7 +145,8 @@ def _grow(tail, taken):
             for t in node.inputs:  # upwards: a producer only the tail reads
                 p = t.producer
                 if p is not None and p not in tail.members and not graph.is_graph_output(t) \
-                        and all(r in tail.members for r in _readers(graph, t)):
+                        and all(r in tail.members for r in _readers(graph, t)) \
+                        and not _is_epilogue(graph, p):
                     candidates.append(p)
             for t in node.outputs:  # downwards: a consumer reading early inputs only
                 candidates += [c for c in _readers(graph, t) if c not in tail.members]

@@ -147,3 +147,27 @@ def test_rewritten_module_built_for_llvm_matches_onnxruntime(name):
     mod = rewritten(model)
     for got, want in zip(run_tvm_cpu(mod, feeds), run_onnxruntime(model, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_constant_bias_moves_onto_the_first_part():
+    """matmul(concat([x, h]), W) + bias -> (x @ W_x + bias) + h @ W_h: the bias becomes the input
+    half's epilogue instead of an input of the recurrent tail."""
+    w, bias = weight(12, 8), np.arange(8, dtype="float32")
+    bb = relax.BlockBuilder()
+    x, h = relax.Var("x", tensor(1, 4)), relax.Var("h", tensor(1, 8))
+    with bb.function("main", [x, h]):
+        with bb.dataflow():
+            mm = bb.emit(relax.op.matmul(bb.emit(relax.op.concat([x, h], axis=1)), relax.const(w)))
+            out = bb.emit_output(relax.op.add(mm, relax.const(bias)))
+        bb.emit_func_output(out)
+    before = bb.get()
+    bb = relax.BlockBuilder()
+    x, h = relax.Var("x", tensor(1, 4)), relax.Var("h", tensor(1, 8))
+    with bb.function("main", [x, h]):
+        with bb.dataflow():
+            mx = bb.emit(relax.op.matmul(x, relax.const(w[:4])))
+            mh = bb.emit(relax.op.matmul(h, relax.const(w[4:])))
+            mxb = bb.emit(relax.op.add(mx, relax.const(bias)))
+            out = bb.emit_output(relax.op.add(mxb, mh))
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(SplitMatMulOverConcat()(before), bb.get())
