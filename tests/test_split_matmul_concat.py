@@ -119,11 +119,14 @@ def random_cell(seed, n_in, hidden, batch=1, parts=1):
 
 
 def rewritten(model):
-    """The rammer graph rewrites up to FuseTIR (SplitToSlices, SplitMatMulOverConcat, LegalizeOps,
-    AnnotateTIROpPattern, FoldConstant, SplitTailFusion, BranchPreservingFusion, FuseTIR)."""
+    """The rammer graph rewrites up to FuseTIR (SplitToSlices, SplitMatMulOverConcat,
+    BatchSharedWeightMatMuls, LegalizeOps, AnnotateTIROpPattern, FoldConstant, SplitTailFusion,
+    BranchPreservingFusion, FuseTIR)."""
+    from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
     from relay_passes.branch_fusion import BranchPreservingFusion
     from relay_passes.split_tail_fusion import SplitTailFusion
-    seq = [SplitToSlices(), SplitMatMulOverConcat(), relax.transform.LegalizeOps(),
+    seq = [SplitToSlices(), SplitMatMulOverConcat(), BatchSharedWeightMatMuls(),
+           relax.transform.LegalizeOps(),
            relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), SplitTailFusion(),
            BranchPreservingFusion(), relax.transform.FuseTIR()]
     return tvm.transform.Sequential(seq)(from_onnx(model, keep_params_in_input=False))
@@ -132,6 +135,7 @@ def rewritten(model):
 MODELS = {
     "lstm_tc": lambda: get_model("lstm_tc", **REDUCED["lstm_tc"]),
     "seq2seq": lambda: get_model("seq2seq", **REDUCED["seq2seq"]),
+    "deepspeech2": lambda: get_model("deepspeech2", **REDUCED["deepspeech2"]),
     **{f"cell_{s}": (lambda s=s: random_cell(s, n_in=3 + 5 * s, hidden=4 + 4 * s, batch=1 + s % 2,
                                              parts=1 + s % 3)) for s in range(4)},
 }

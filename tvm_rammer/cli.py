@@ -22,7 +22,8 @@ def _config(args) -> RammerConfig:
                         versions=not args.no_versions,
                         tail_fusion=not args.no_tail_fusion,
                         prologue_fusion=not args.no_prologue_fusion,
-                        split_concat_matmul=not args.no_split_concat_matmul)
+                        split_concat_matmul=not args.no_split_concat_matmul,
+                        batch_shared_matmuls=not args.no_batch_shared_matmuls)
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -47,6 +48,8 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="keep an elementwise op that only a conv/matmul reads as its own kernel")
     p.add_argument("--no-split-concat-matmul", action="store_true",
                    help="keep matmul(concat([x, h]), W) as one MatMul")
+    p.add_argument("--no-batch-shared-matmuls", action="store_true",
+                   help="keep same-wave GEMVs of one weight apart instead of one GEMM")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
 
 

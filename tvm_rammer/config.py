@@ -34,6 +34,8 @@ class RammerConfig:
         front of it (NASNet's ReLU before each separable conv) when that delays nothing.
     split_concat_matmul: run SplitMatMulOverConcat: ``matmul(concat([x, h]), W)`` with a constant W
         becomes ``x @ W_x + h @ W_h``, taking the input half off an RNN's recurrent critical path.
+    batch_shared_matmuls: run BatchSharedWeightMatMuls: GEMVs of one constant weight whose inputs
+        are ready in the same wave (an RNN's first-layer input halves) become one GEMM.
     spin_limit: polls (each followed by a 64 ns sleep) before a barrier-rTask gives up and traps.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
@@ -53,6 +55,7 @@ class RammerConfig:
     tail_fusion: bool = True
     prologue_fusion: bool = True
     split_concat_matmul: bool = True
+    batch_shared_matmuls: bool = True
     spin_limit: int = 1 << 26
     launch_us: float = 4.0
     barrier_us: float = 0.8

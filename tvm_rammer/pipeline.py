@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
+from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.group_rprograms import RammerGroupRPrograms
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
@@ -44,6 +45,8 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
+    if config.batch_shared_matmuls:
+        split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
     schedule = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     return [
