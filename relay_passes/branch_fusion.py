@@ -44,6 +44,12 @@ class BranchPreservingFusion:
     injective operators reading only parameters and constants (each read by C alone) absorbs them
     all; they delay nothing.
 
+    With ``prologues`` (the default), a group of elementwise/broadcast call_tirs whose output only a
+    conv/matmul group's first member reads then joins that group in front (a prologue: NASNet's
+    ReLU before each separable conv, which cannot fuse into its producer because the producer's
+    output feeds several branches), under the same rule: every other non-constant input of the
+    merged group is produced at a level strictly lower than the prologue's group.
+
     Declines (leaves unfused): bindings that are not call_tir, call_tirs with tuple outputs,
     callees without op_pattern or with an opaque pattern. call_tirs with tir_vars or symbolic shapes
     are fused by TVM's FuseOps among themselves (never with a static call_tir). A tuple-output
@@ -51,6 +57,9 @@ class BranchPreservingFusion:
     Functions other than `main` are left alone. Must run after LegalizeOps + AnnotateTIROpPattern +
     FoldConstant and before FuseTIR and dlight; it replaces FuseOps in the rammer pipeline.
     """
+
+    def __init__(self, prologues: bool = True):
+        self.prologues = prologues
 
     def transform_module(self, mod, ctx):
         """Plan groups on main's dataflow graph and emit one fused function per group."""
@@ -63,7 +72,7 @@ class BranchPreservingFusion:
         if any(n.kind == "call_tir" and not _static_call(n) for n in graph.nodes):
             mod = _fuse_dynamic_like_tvm(mod, graph)
             graph = DataflowGraph.from_function(mod["main"], mod)
-        groups = [g for g in plan_groups(graph) if len(g) > 1 or _unread_outputs(graph, g[0])]
+        groups = [g for g in plan_groups(graph, self.prologues) if len(g) > 1 or _unread_outputs(graph, g[0])]
         if not groups:
             return mod
         return _emit_groups(mod, graph, groups)
@@ -213,8 +222,9 @@ def _producer_group(node, graph, group_of, groups, mod):
     return group if _can_join(_op_pattern(node, mod), group) else None
 
 
-def plan_groups(graph):
-    """Fusion groups (lists of node indices, binding order) covering every non-alias node."""
+def plan_groups(graph, prologues=False):
+    """Fusion groups (lists of node indices, binding order) covering every non-alias node; with
+    `prologues`, elementwise groups merged into the conv/matmul group that alone reads them."""
     mod = graph.mod
     groups, group_of = [], {}
     for node in graph.nodes:
@@ -240,7 +250,38 @@ def plan_groups(graph):
             group = _Group(len(groups), node.index, level, pattern)
             groups.append(group)
         group_of[node.index] = group.gid
-    return [g.members for g in groups if g.members]
+    if prologues:
+        _merge_prologues(graph, groups, group_of)
+    return [sorted(g.members) for g in groups if g.members]
+
+
+def _merge_prologues(graph, groups, group_of):
+    """Move each elementwise group in front of the conv/matmul group that alone reads its output
+    (see the class docstring); the merged group keeps the prologue's level."""
+    mod = graph.mod
+    for group in groups:
+        if not group.members or group.pattern > BROADCAST:
+            continue
+        out = graph.nodes[group.members[-1]].outputs[0]
+        readers = {group_of[c] for c in graph.consumers(out) if graph.nodes[c].kind != "alias"}
+        if len(readers) != 1 or graph.is_graph_output(out) or any(
+                graph.nodes[c].kind == "alias" for c in graph.consumers(out)):
+            continue
+        target = groups[readers.pop()]
+        root = graph.nodes[target.members[0]]
+        if target is group or _op_pattern(root, mod) != OUT_EWISE_FUSABLE or \
+                out not in root.inputs or not _fusable_call(root, mod):
+            continue
+        members = set(group.members) | set(target.members)
+        outside = {group_of[t.producer] for i in members for t in graph.nodes[i].inputs
+                   if t.producer is not None and t.producer not in members}
+        if any(groups[g].level >= group.level for g in outside):
+            continue
+        target.members = sorted(members)
+        target.level, target.pattern = group.level, max(target.pattern, group.pattern)
+        for i in group.members:
+            group_of[i] = target.gid
+        group.members = []
 
 
 def _group_name(graph, members):

@@ -108,7 +108,7 @@ def test_fusion_never_delays_a_node(seed):
     before = graph_of(mod)
     after = graph_of(fused(mod))
     level_after = {n.var: after.levels()[n.index] for n in after.nodes}
-    for grp in plan_groups(before):
+    for grp in plan_groups(before, prologues=True):
         last = before.nodes[grp[-1]].var
         assert all(level_after[last] <= before.levels()[i] for i in grp)
         assert len(grp) == 1 or all(before.nodes[i].kind == "call_tir" for i in grp)
@@ -183,3 +183,48 @@ def test_fused_module_computes_what_onnxruntime_computes(name):
         assert len(outs) == len(reference)
         for got, want in zip(outs, reference):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def relu_sep_convs(channels=4, side=6, seed=0):
+    """NASNet's pattern: t = conv(x) read by two ReLU -> depthwise 3x3 (+bias) -> pointwise 1x1
+    branches, joined by an Add. Each ReLU's input feeds both branches, so it cannot fuse into its
+    producer; its output feeds one conv only."""
+    g = ob._Graph(seed)
+    t = g.op("Conv", ["x", g.weight(channels, channels, 1, 1)])
+    outs = []
+    for _ in range(2):
+        dw = g.op("Conv", [g.op("Relu", [t]), g.weight(channels, 1, 3, 3), g.weight(channels)],
+                  pads=[1, 1, 1, 1], group=channels)
+        outs.append(g.op("Conv", [dw, g.weight(channels, channels, 1, 1)]))
+    out = g.op("Add", outs)
+    shape = [1, channels, side, side]
+    return g.model([("x", shape)], [(out, shape)], "relu_sep_convs")
+
+
+def test_relu_fuses_in_front_of_the_conv_that_alone_reads_it():
+    mod = ob.to_relax(relu_sep_convs())
+    with_prologues = kernel_names(fused(mod))
+    assert with_prologues.count("fused_relu_conv2d1_add") == 2
+    assert "relu" not in with_prologues
+    without = kernel_names(relax.transform.FuseTIR()(BranchPreservingFusion(prologues=False)(mod)))
+    assert without.count("relu") == 2
+    waves = lambda m: len(graph_of(m).waves())  # noqa: E731
+    assert waves(fused(mod)) == waves(relax.transform.FuseTIR()(
+        BranchPreservingFusion(prologues=False)(mod))) - 1
+
+
+def test_prologue_is_not_pulled_behind_a_later_input():
+    """relu(a) read by a matmul whose other input comes later: the merge would delay the relu."""
+    g = ob._Graph(0)
+    late = g.op("MatMul", [g.op("MatMul", ["x", g.weight(8, 8)]), g.weight(8, 8)])
+    out = g.op("MatMul", [g.op("Relu", ["x"]), late])
+    mod = ob.to_relax(g.model([("x", [8, 8])], [(out, [8, 8])], "late_input"))
+    assert sorted(kernel_names(fused(mod))) == ["matmul", "matmul", "matmul", "relu"]
+
+
+def test_prologue_fused_module_computes_what_onnxruntime_computes():
+    model = relu_sep_convs()
+    feeds = ob.random_inputs(model)
+    got, = ob.run_tvm_cpu(fused(ob.to_relax(model)), feeds)
+    want, = ob.run_onnxruntime(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

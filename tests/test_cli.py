@@ -28,6 +28,15 @@ def test_inspect_json_on_sixteen_gemv_branches(branches16, capsys):
     assert program["predicted_us"] > 0
 
 
+def test_inspect_brief_json_keeps_the_critical_path(branches16, capsys):
+    assert main(["inspect", str(branches16), "--json", "--brief"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "programs" not in summary
+    path = summary["critical_path"]
+    assert path["operators"] >= 2  # a GEMV branch, then the join
+    assert 0 < path["predicted_us"]
+
+
 def test_inspect_text_lists_every_operator(branches16, capsys):
     assert main(["inspect", str(branches16)]) == 0
     text = capsys.readouterr().out

@@ -20,7 +20,11 @@ def _config(args) -> RammerConfig:
                         num_sms=args.num_sms, selection=args.selection, merge=args.merge,
                         profile=not args.no_profile, profile_db=args.profile_db,
                         tuning_db=args.tuning_db, versions=not args.no_versions,
-                        precision=args.precision)
+                        precision=args.precision,
+                        tail_fusion=not args.no_tail_fusion,
+                        prologue_fusion=not args.no_prologue_fusion,
+                        split_concat_matmul=not args.no_split_concat_matmul,
+                        batch_shared_matmuls=not args.no_batch_shared_matmuls)
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -65,6 +69,14 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                         "tensor-core rKernels (default: %(default)s)")
     p.add_argument("--no-versions", action="store_true",
                    help="one rKernel per operator (the pipeline's dlight schedule)")
+    p.add_argument("--no-tail-fusion", action="store_true",
+                   help="leave the elementwise tail after a split to BranchPreservingFusion")
+    p.add_argument("--no-prologue-fusion", action="store_true",
+                   help="keep an elementwise op that only a conv/matmul reads as its own kernel")
+    p.add_argument("--no-split-concat-matmul", action="store_true",
+                   help="keep matmul(concat([x, h]), W) as one MatMul")
+    p.add_argument("--no-batch-shared-matmuls", action="store_true",
+                   help="keep same-wave GEMVs of one weight apart instead of one GEMM")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
     p.add_argument("--timings", action="store_true",
                    help="print the seconds each compilation phase took (to stderr)")

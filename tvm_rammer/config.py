@@ -35,6 +35,14 @@ class RammerConfig:
         kernel then ends normally with the fault recorded, and the host raises an error naming the
         vEU and the rTask (``tvm_rammer.faults``). Longer than any legitimate wait (a wait never
         outlasts the rProgram, whose rTasks are single thread blocks), short enough to notice.
+    tail_fusion: with ``fusion``, also run SplitTailFusion: the elementwise tail after a split (an
+        LSTM cell's gates and cell update) becomes one dependent step instead of a chain.
+    prologue_fusion: with ``fusion``, an elementwise group that only a conv/matmul reads fuses in
+        front of it (NASNet's ReLU before each separable conv) when that delays nothing.
+    split_concat_matmul: run SplitMatMulOverConcat: ``matmul(concat([x, h]), W)`` with a constant W
+        becomes ``x @ W_x + h @ W_h``, taking the input half off an RNN's recurrent critical path.
+    batch_shared_matmuls: run BatchSharedWeightMatMuls: GEMVs of one constant weight whose inputs
+        are ready in the same wave (an RNN's first-layer input halves) become one GEMM.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
     profile: measure on the local GPU when it has the target's arch (compile-time profiling, paper
@@ -67,6 +75,10 @@ class RammerConfig:
     merge: str = "paper"
     fusion: bool = True
     wait_timeout_ms: float = 10_000.0
+    tail_fusion: bool = True
+    prologue_fusion: bool = True
+    split_concat_matmul: bool = True
+    batch_shared_matmuls: bool = True
     launch_us: float = 4.0
     barrier_us: float = 0.8
     measure_resources: bool = False

@@ -25,10 +25,13 @@ import logging
 import tvm
 from tvm import relax
 
+from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.return_timelines import ReturnTimelines
+from relay_passes.split_matmul_concat import SplitMatMulOverConcat
+from relay_passes.split_tail_fusion import SplitTailFusion
 from relay_passes.split_to_slices import SplitToSlices
 from tir_templates.default_schedule import default_schedule_pass
 
@@ -49,7 +52,12 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     times come from (``tuning.profiler.Profiler``); None = ``backend.make_profiler``'s default."""
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
-    fusion = [BranchPreservingFusion()] if config.fusion else []
+    fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
+    if config.fusion and config.tail_fusion:
+        fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
+    split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
+    if config.batch_shared_matmuls:
+        split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
     timeline = [ReturnTimelines()] if config.timeline else []
     precision = mixed_precision_passes(config)
     return [
@@ -57,6 +65,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         *precision,                                    # float16: after BN folding (in fp32), before legalizing
         SplitToSlices(),                               # one kernel per part: parts become rTasks
+        *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants

@@ -64,6 +64,10 @@ def format_schedule(summary: dict) -> str:
     lines = [f"rPrograms: {summary['rprograms']}   kernel launches per inference: "
              f"{summary['launches']}" + (f" (TVM default pipeline: {summary['default_launches']})"
                                          if "default_launches" in summary else "")]
+    if summary.get("critical_path"):
+        path = summary["critical_path"]
+        lines.append(f"critical path: {path['operators']} dependent operators, "
+                     f"predicted {path['predicted_us']:.1f} us")
     for op in summary.get("unplaced", []):
         lines.append(f"  ordinary kernel: {op['name']}: {op['reason']}")
     for fb in summary.get("fallbacks", []):
