@@ -19,7 +19,8 @@ def _config(args) -> RammerConfig:
     return RammerConfig(max_rtask_threads=args.max_rtask_threads, veus_per_sm=args.veus_per_sm,
                         num_sms=args.num_sms, selection=args.selection, merge=args.merge,
                         profile=not args.no_profile, profile_db=args.profile_db,
-                        tuning_db=args.tuning_db, versions=not args.no_versions)
+                        tuning_db=args.tuning_db, versions=not args.no_versions,
+                        policy=getattr(args, "policy", "rammer"))
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -32,6 +33,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--num-sms", type=int, default=None)
     p.add_argument("--selection", default="paper", choices=["paper", "fastest", "efficient"])
     p.add_argument("--merge", default="paper", choices=["paper", "always", "never"])
+    p.add_argument("--policy", default="rammer", choices=["rammer", "ios", "opara"],
+                   help="scheduling policy: Rammer's Algorithm 1, IOS's stage partition or Opara's "
+                        "launch order, all on the same rTask machinery (default: %(default)s)")
     p.add_argument("--profile-db", default=None, metavar="PATH",
                    help="profile database to read and, on a GPU of the target's arch, extend "
                         "(*.json: JSON, else sqlite3); default: the per-user cache under "
