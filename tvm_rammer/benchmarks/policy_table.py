@@ -1,6 +1,6 @@
 """Predicted times of the scheduling policies side by side, on the CPU (no GPU needed).
 
-``python -m tvm_rammer.benchmarks.policy_table [--reduced] [--out FILE.json] [MODEL ...]``
+``python -m tvm_rammer.benchmarks.policy_table [--reduced[=MODEL,...]] [--out FILE.json] [MODEL ...]``
 
 For each model: the rammer pipeline up to the back end (import, SplitToSlices, legalisation,
 fusion, dlight), then the back end's rOperators and policy input (``backend.collect_operators``,
@@ -98,15 +98,15 @@ def format_markdown(results: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
-    parser.add_argument("--reduced", nargs="*", default=None, metavar="MODEL",
-                        help="use the reduced size (tvm_rammer.models.REDUCED) for these models, or "
-                             "for all when none is named")
+    parser.add_argument("--reduced", nargs="?", const="*", default="", metavar="MODEL,...",
+                        help="use the reduced size (tvm_rammer.models.REDUCED) for these models "
+                             "(comma-separated), or for all when none is named")
     parser.add_argument("--target", default="rammer/nvidia-h100")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     results = {}
     for model in args.models:
-        reduced = args.reduced is not None and (not args.reduced or model in args.reduced)
+        reduced = args.reduced == "*" or model in args.reduced.split(",")
         start = time.perf_counter()
         inputs = policy_input(model, args.target, reduced=reduced)
         label = f"{model} (reduced)" if reduced else model

@@ -12,15 +12,17 @@ memoised on ``S`` (IOS Algorithm 1). Pruning (IOS 4.3) keeps the endings with at
 at most ``r`` operators each (``PolicyConfig.ios_groups`` / ``ios_group_ops``; the paper's r = 3,
 s = 8). :func:`ios_dp` is that programme for any stage cost; :func:`schedule` applies it with ours:
 
-- ``stage_latency(E)`` is the makespan of ``E``'s operators placed alone on the vDevice by SelectvEU
-  (``policy._place``; a group's later operators wait for its earlier ones), each with its fastest
-  rKernel (IOS chooses no kernels: cuDNN's per operator; its most efficient one under
-  ``selection="efficient"``), whose rTask times are the profiled ones where the profile database has
-  them and the analytical model's otherwise, plus ``barrier_us`` for the synchronisation that ends
-  a stage. IOS measures every candidate stage on the GPU; here that would be an nvcc build per
-  candidate, so the programme uses predicted times, and only the final rPrograms are profiled (as
-  for every policy). The final placement selects rKernels per stage with SelectRKernels, as
-  Algorithm 1 does per wave.
+- ``stage_latency(E)`` (:func:`stage_cost`) is the larger of the stage's work (rTasks x rTask time,
+  summed) spread over the vEUs its vEU shape gives and its longest chain (each operator
+  ``ceil(rTasks / vEUs)`` rounds of its rTask time, ``barrier_us`` per edge inside the stage), plus
+  ``barrier_us`` for the synchronisation that ends the stage: the two bounds SelectvEU's placement
+  lies between. Each operator has its fastest rKernel (IOS chooses no kernels, cuDNN does; the most
+  efficient one under ``selection="efficient"``), timed by the profile database where it has the
+  rKernel and by the analytical model otherwise. IOS measures every candidate stage on the GPU;
+  here that would be an nvcc build each, and even placing every candidate with SelectvEU costs
+  milliseconds for the tens of thousands the programme visits, so the programme prices stages with
+  this estimate; the final rPrograms are placed for real (SelectRKernels per stage, as Algorithm 1
+  does per wave) and profiled as for every policy.
 - Only IOS's "concurrent execution" strategy: its "operator merge" (several convolutions of one input
   fused into one wider kernel) is a kernel rewrite tvm-rammer does not make.
 - Windows. IOS schedules a network block by block; here a window is a run of consecutive waves of
@@ -39,11 +41,11 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterator, Mapping, Sequence
 
-from ..policy import (OpGraph, PolicyConfig, Profile, RProgramPlan, _efficient_index, _fastest_index, _place,
+from ..policy import (OpGraph, PolicyConfig, Profile, RProgramPlan, _efficient_index, _fastest_index,
                       bfs_waves, schedule_units)
 from ..vdevice import VDevice
 
-__all__ = ["OverBudget", "ios_dp", "ios_stages", "endings", "schedule"]
+__all__ = ["OverBudget", "ios_dp", "ios_stages", "endings", "stage_cost", "schedule"]
 
 MAX_WINDOW_OPS = 200  # deeper recursion than this is cut into windows (the programme recurses per stage)
 
@@ -203,16 +205,39 @@ def _windows(graph: OpGraph) -> list[tuple[bool, list[list[int]]]]:
     return windows
 
 
+def stage_cost(graph: OpGraph, vdevice: VDevice, config: PolicyConfig = PolicyConfig()
+               ) -> Callable[[tuple], float]:
+    """IOS's ``stage_latency`` on the vDevice (module docstring): a stage's operators (a tuple in a
+    topological order) -> the larger of their work spread over the stage's vEUs and their longest
+    chain, plus ``barrier_us``; infinity when they cannot share one vEU shape."""
+    pick = _efficient_index if config.selection == "efficient" else _fastest_index
+    kernel = {op: graph.ops[op].kernels[pick(graph.ops[op], vdevice, config)] for op in graph.ops}
+    barrier = config.cost.barrier_us
+
+    def stage_latency(stage: tuple) -> float:
+        kernels = [kernel[op] for op in stage]
+        try:
+            veus = vdevice.num_sms * vdevice.occupancy(*vdevice.veu_shape(kernels, config.registers))
+        except ValueError:
+            return math.inf
+        if config.max_veus is not None:
+            veus = min(veus, config.max_veus)
+        work = sum(k.num_rtasks * k.time_us for k in kernels) / veus
+        finish: dict[int, float] = {}
+        for op in stage:
+            k = kernel[op]
+            start = max((finish[p] + barrier for p in graph.preds_of(op) if p in finish), default=0.0)
+            finish[op] = start + math.ceil(k.num_rtasks / veus) * k.time_us
+        return max(work, max(finish.values())) + barrier
+
+    return stage_latency
+
+
 def ios_stages(graph: OpGraph, vdevice: VDevice, config: PolicyConfig = PolicyConfig()
                ) -> tuple[list[list[int]], set[int]]:
     """IOS's stages of ``graph`` (each in a placement order) and the stage indices where a segment of
     ``graph.split_before`` starts."""
-    pick = _efficient_index if config.selection == "efficient" else _fastest_index
-    choice = {op: pick(graph.ops[op], vdevice, config) for op in graph.ops}
-
-    def stage_latency(stage: tuple) -> float:
-        placed = _place(None, stage, {op: choice[op] for op in stage}, {}, graph, vdevice, config)
-        return math.inf if placed is None else placed.makespan_us + config.cost.barrier_us
+    stage_latency = stage_cost(graph, vdevice, config)
 
     def solve(waves: list[list[int]]) -> list[list[int]]:
         ops = [op for wave in waves for op in wave]
