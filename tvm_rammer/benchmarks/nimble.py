@@ -219,9 +219,12 @@ class NimbleExecutor:
 
         from relay_passes.dataflow_graph import DataflowGraph
 
+        from ..target import plain_target, resolve_target
+
         self.cudart = _cudart()
         if self.cudart is None:
             raise ValueError(nimble_available())
+        target = plain_target(resolve_target(target))
         self.dev = dev or tvm.cuda(0)
         func = mod["main"]
         graph = DataflowGraph.from_function(func, mod)
