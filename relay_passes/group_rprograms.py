@@ -7,8 +7,9 @@ added and, in ``main``, every rProgram's bindings replaced by one ``call_tir`` w
 over the tensors read outside the rProgram; other bindings are kept unchanged; dead code removed.
 
 A pure graph rewrite: no kernels are built, timed or chosen here. Bindings are re-emitted by level
-(an rProgram at the level of its first operator), so every input, and every symbolic shape variable
-(a ``R.match_cast``, re-emitted as one), is defined before it is read.
+(an rProgram at the level of its first operator) in a topological order of the segments, so every
+input, and every symbolic shape variable (a ``R.match_cast``, re-emitted as one), is defined before
+it is read.
 Must run after dlight and before the dataflow lowering passes (it emits dataflow bindings).
 """
 
@@ -53,16 +54,55 @@ def _static_shape(tensor) -> tuple:
 
 
 def _emit_order(graph: DataflowGraph, calls: Sequence[RProgramCall]) -> list:
-    """Segments (rPrograms and leftover bindings) in an order where every input is defined first."""
+    """Segments (rPrograms and leftover bindings) in an order where every input is defined first.
+
+    By (level, leftover before rProgram before alias, index) among the segments whose inputs are all
+    defined: the plain sort by that key whenever it is already a valid order (rPrograms that follow
+    the waves), and still a valid one when a policy's rProgram holds an operator of a lower level
+    than an operator of an earlier rProgram (IOS stages, Opara's launch order)."""
+    import heapq
+
     levels = graph.levels()
-    planned = {i for c in calls for i in c.nodes}
-    segments = [((c.level, 1, k), ("rprogram", c)) for k, c in enumerate(calls)]
+    owner: dict = {}
+    keys, items = [], []
+    for k, c in enumerate(calls):
+        for i in c.nodes:
+            owner[i] = len(items)
+        keys.append((c.level, 1, k))
+        items.append(("rprogram", c))
     for node in graph.nodes:
-        if node.index in planned:
+        if node.index in owner:
             continue
-        rank = 2 if node.kind == "alias" else 0
-        segments.append(((levels[node.index], rank, node.index), ("node", node)))
-    return [seg for _, seg in sorted(segments, key=lambda s: s[0])]
+        owner[node.index] = len(items)
+        keys.append((levels[node.index], 2 if node.kind == "alias" else 0, node.index))
+        items.append(("node", node))
+    bound_by = {node.var: node.index for node in graph.nodes}
+    deps = [set() for _ in items]
+    for node in graph.nodes:
+        mine = owner[node.index]
+        needs = set(node.preds)  # the producers, and the bindings whose vars name the tensors read
+        needs.update(bound_by[t.expr] for t in node.inputs if t.expr in bound_by)
+        deps[mine].update(owner[p] for p in needs if owner[p] != mine)
+    users = [[] for _ in items]
+    for seg, needs in enumerate(deps):
+        for need in needs:
+            users[need].append(seg)
+    missing = [len(needs) for needs in deps]
+    ready = [(keys[seg], seg) for seg in range(len(items)) if not missing[seg]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, seg = heapq.heappop(ready)
+        order.append(items[seg])
+        for user in users[seg]:
+            missing[user] -= 1
+            if not missing[user]:
+                heapq.heappush(ready, (keys[user], user))
+    if len(order) != len(items):
+        raise ValueError("the rPrograms depend on each other in a cycle (one reads what a later one "
+                         "writes and the other way round); give the rewrite rPrograms in an order "
+                         "of the dataflow graph")
+    return order
 
 
 @relax.expr_functor.mutator

@@ -7,7 +7,7 @@ dlight) into the rPrograms to emit:
    timed on the device by the ``profiler`` (an object: a real GPU, a test's fake, or databases only).
    A version is a candidate only when measured and valid; with no measured time an operator has
    TVM's own dlight schedule only (``rkernels.operator_versions``);
-2. the policy (Algorithm 1, ``policy.schedule``), whose P1 vs Pcurr+P2 uses rPrograms timed whole
+2. the policy (``RammerConfig.policy``, ``tvm_rammer.policies``; Algorithm 1 by default), whose P1 vs Pcurr+P2 uses rPrograms timed whole
    when the profiler can;
 3. code: one persistent PrimFunc per rProgram (``codegen.persistent``), placed again when the
    compiled kernel's registers change its occupancy;
@@ -44,7 +44,8 @@ from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
 from .executor import MANIFEST_ATTR, build_manifest
 from .faults import fault_page_call, inject_test_fault
-from .policy import OpGraph, schedule
+from .policies import get_policy
+from .policy import OpGraph
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .resources import ResourceProbe
 from .target import plain_target, rkernel_target, target_arch
@@ -344,8 +345,9 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
     op_graph = op_graph_of(graph, ops, skipped)
     timer = _plan_timer(graph, op_graph, config, vdevice, target, profiler)
     profile = profiler.plan_profile(op_graph, timer) if (timer or profiler.sources) else None
-    with _phase(phases, "policy (Algorithm 1)"):
-        plans = schedule(op_graph, vdevice, rkernels.policy_config(config, vdevice), profile)
+    with _phase(phases, "policy (Algorithm 1)" if config.policy == "rammer" else f"policy ({config.policy})"):
+        plans = get_policy(config.policy)(op_graph, vdevice, rkernels.policy_config(config, vdevice),
+                                          profile)
     probe = ResourceProbe(enabled=config.measure_resources)
     built, fallbacks = [], []
     for k, plan in enumerate(plans):

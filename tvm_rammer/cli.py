@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-from .config import RammerConfig
+from .config import POLICIES, RammerConfig
 
 DEFAULT_TARGET = "rammer/nvidia-h100"
 
@@ -24,7 +24,8 @@ def _config(args) -> RammerConfig:
                         tail_fusion=not args.no_tail_fusion,
                         prologue_fusion=not args.no_prologue_fusion,
                         split_concat_matmul=not args.no_split_concat_matmul,
-                        batch_shared_matmuls=not args.no_batch_shared_matmuls)
+                        batch_shared_matmuls=not args.no_batch_shared_matmuls,
+                        policy=getattr(args, "policy", "rammer"))
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -55,6 +56,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--merge", default="paper", choices=["paper", "always", "never"],
                    help="rProgram merge rule of the policy (paper = Algorithm 1; default: "
                         "%(default)s)")
+    p.add_argument("--policy", default="rammer", choices=list(POLICIES),
+                   help="scheduling policy: Rammer's Algorithm 1, IOS's stage partition or Opara's "
+                        "launch order, all on the same rTask machinery (default: %(default)s)")
     p.add_argument("--profile-db", default=None, metavar="PATH",
                    help="profile database to read and, on a GPU of the target's arch, extend "
                         "(*.json: JSON, else sqlite3); default: the per-user cache under "

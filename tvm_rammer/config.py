@@ -9,6 +9,7 @@ MAX_VEUS_PER_SM = 32   # resident thread blocks per SM, the most any supported G
 MAX_SMS = 1024         # several times any GPU's SM count (H100 SXM: 132, B200: 148)
 PRECISIONS = ("float32", "float16")
 MERGES = ("paper", "always", "never")
+POLICIES = ("rammer", "ios", "opara")  # tvm_rammer.policies.POLICIES, by name
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class RammerConfig:
     tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
     versions: give each operator several rKernel versions (dlight variants, templates, tuning
         database) for SelectRKernels; False: the pipeline's dlight schedule only.
+    policy: the scheduling policy (``tvm_rammer.policies``): "rammer" (Algorithm 1, wavefront),
+        "ios" (IOS's dynamic-programming stage partition) or "opara" (Opara's resource-aware launch
+        order); every one places rTasks with the same primitives and feeds the same codegen.
     timeline: build the persistent kernels instrumented (``tvm_rammer.timeline``): each records
         per rTask and barrier-rTask its vEU, SM, start and end into a per-run buffer, and ``main``
         returns ``(its outputs, (one timeline buffer per rProgram, ...))``. A separate build for
@@ -91,6 +95,7 @@ class RammerConfig:
     versions: bool = True
     timeline: bool = False
     precision: str = "float32"
+    policy: str = "rammer"
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
@@ -119,6 +124,8 @@ class RammerConfig:
             raise ValueError(f"selection={self.selection!r}: choose one of {SELECTIONS}")
         if self.merge not in MERGES:
             raise ValueError(f"merge={self.merge!r}: choose one of {MERGES}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r}: choose one of {POLICIES}")
         if self.rprogram_profiles < 0:
             raise ValueError(f"rprogram_profiles={self.rprogram_profiles} must be >= 0")
         if self.precision not in PRECISIONS:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -49,6 +49,8 @@ __all__ = [
     "PartialPlan",
     "RProgramPlan",
     "schedule",
+    "schedule_units",
+    "bfs_waves",
     "schedule_wave",
     "select_rkernels",
     "select_veus",
@@ -120,6 +122,11 @@ class PolicyConfig:
             the rProgram table small. None: no limit.
         selection: "paper" (SelectRKernels), "fastest" or "efficient" (always that version).
         merge: "paper" (P1 vs Pcurr + P2), "always" (one rProgram per split) or "never" (one per wave).
+        ios_group_ops, ios_groups: the ``ios`` policy's pruning (IOS, MLSys'21, 4.3): a stage has at
+            most ``ios_groups`` groups (the paper's s; 8 in its experiments) of at most
+            ``ios_group_ops`` operators each (the paper's r; 3).
+        ios_budget: most (state, ending) transitions the ``ios`` policy's dynamic programme may
+            visit in one window before the window is cut in two (``tvm_rammer.policies.ios``).
     """
 
     cost: CostModelConfig = CostModelConfig()
@@ -128,6 +135,9 @@ class PolicyConfig:
     max_waits_per_op: int | None = 1 << 16
     selection: Literal["paper", "fastest", "efficient"] = "paper"
     merge: Literal["paper", "always", "never"] = "paper"
+    ios_group_ops: int = 3
+    ios_groups: int = 8
+    ios_budget: int = 20000
 
     def __post_init__(self) -> None:
         if self.selection not in _SELECTIONS:
@@ -138,6 +148,10 @@ class PolicyConfig:
             raise ValueError(f"PolicyConfig.max_veus={self.max_veus!r}; use None or an int >= 1")
         if self.max_waits_per_op is not None and (not isinstance(self.max_waits_per_op, int) or self.max_waits_per_op < 1):
             raise ValueError(f"PolicyConfig.max_waits_per_op={self.max_waits_per_op!r}; use None or an int >= 1")
+        for name in ("ios_group_ops", "ios_groups", "ios_budget"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PolicyConfig.{name}={value!r}; use an int >= 1")
         if not isinstance(self.cost, CostModelConfig):
             raise TypeError(f"PolicyConfig.cost must be a CostModelConfig, got {type(self.cost).__name__}")
 
@@ -492,6 +506,20 @@ def _chunks(wave: Sequence[int], graph: OpGraph, vdevice: VDevice, config: Polic
 def schedule(graph: OpGraph, vdevice: VDevice, config: PolicyConfig = PolicyConfig(),
              profile: Profile | None = None) -> list[RProgramPlan]:
     """Schedule (Algorithm 1): the rPrograms, in execution order, covering every op of ``graph`` once."""
+    return schedule_units(graph.waves, graph, vdevice, config, profile, graph.split_before)
+
+
+def schedule_units(units: Sequence[Sequence[int]], graph: OpGraph, vdevice: VDevice,
+                   config: PolicyConfig = PolicyConfig(), profile: Profile | None = None,
+                   split_before: Iterable[int] = ()) -> list[RProgramPlan]:
+    """Algorithm 1's loop over ``units`` instead of the BFS waves: each unit is scheduled like a wave
+    (SelectRKernels, SelectvEU, P1 vs Pcurr + P2); an rProgram ends before each index of
+    ``split_before``. Other policies (``tvm_rammer.policies``) order and group the operators their
+    own way and hand the result here, so every policy places rTasks with the same primitives.
+
+    Every op of ``graph`` must be in exactly one unit, each unit in an order where an operator's
+    predecessors come before it (in an earlier unit or earlier in the same one)."""
+    split_before = set(split_before)
     plans: list[RProgramPlan] = []
     current: PartialPlan | None = None
     current_time = 0.0
@@ -502,8 +530,8 @@ def schedule(graph: OpGraph, vdevice: VDevice, config: PolicyConfig = PolicyConf
             plans.append(materialize(current, graph, config, profile))
         current = None
 
-    for index, wave in enumerate(graph.waves):
-        if index in graph.split_before:
+    for index, wave in enumerate(units):
+        if index in split_before:
             close()
         for chunk in _chunks(wave, graph, vdevice, config):
             alone = schedule_wave(chunk, None, graph, vdevice, config, profile)
@@ -521,6 +549,34 @@ def schedule(graph: OpGraph, vdevice: VDevice, config: PolicyConfig = PolicyConf
             current, current_time = alone, alone_time
     close()
     return plans
+
+
+def bfs_waves(ops: Iterable[int], preds: Mapping[int, Sequence[int]]) -> list[list[int]]:
+    """BFS fronts (levels) of ``ops`` under ``preds`` (predecessors outside ``ops`` ignored): a valid
+    ``OpGraph.waves`` for any subset of a graph's operators."""
+    members = list(ops)
+    inside = set(members)
+    inner = {op: [p for p in preds.get(op, ()) if p in inside] for op in members}
+    succs: dict[int, list[int]] = {op: [] for op in members}
+    for op in members:
+        for p in inner[op]:
+            succs[p].append(op)
+    missing = {op: len(inner[op]) for op in members}
+    level = {op: 0 for op in members}
+    todo = [op for op in members if not missing[op]]
+    while todo:
+        op = todo.pop()
+        for s in succs[op]:
+            level[s] = max(level[s], level[op] + 1)
+            missing[s] -= 1
+            if not missing[s]:
+                todo.append(s)
+    if any(missing.values()):
+        raise ValueError("bfs_waves: the predecessors form a cycle; an operator graph is a DAG")
+    waves: dict[int, list[int]] = {}
+    for op in members:
+        waves.setdefault(level[op], []).append(op)
+    return [waves[k] for k in sorted(waves)]
 
 
 def replace_cost(config: PolicyConfig, **costs: float) -> PolicyConfig:

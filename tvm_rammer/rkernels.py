@@ -16,7 +16,7 @@ import tvm
 
 from .config import RammerConfig
 from .cost_model import CostModelConfig, rtask_time_us
-from .policy import OpGraph, PolicyConfig, schedule
+from .policy import OpGraph, PolicyConfig, bfs_waves, schedule_units
 from .rtask import RKernel, ROperator
 from .vdevice import VDevice
 
@@ -212,11 +212,11 @@ def replace_plan(plan, graph: OpGraph, registers: int, vdevice: VDevice, config:
                              kernels=[graph.ops[op].kernels[plan.selected[op]]],
                              flops=graph.ops[op].flops, bytes=graph.ops[op].bytes) for op in plan.ops}
     preds = {op: [p for p in graph.preds.get(op, []) if p in members] for op in plan.ops}
-    waves = [list(w) for w in plan.waves] or [list(plan.ops)]
-    sub = OpGraph(ops=sub_ops, preds=preds, waves=waves, split_before=set())
+    units = [list(w) for w in plan.waves] or [list(plan.ops)]  # the policy's order, kept
+    sub = OpGraph(ops=sub_ops, preds=preds, waves=bfs_waves(plan.ops, preds), split_before=set())
     cfg = PolicyConfig(cost=cost_config(config, vdevice), selection="fastest", merge="always",
                        registers=registers, max_waits_per_op=None)
-    (new_plan,) = schedule(sub, vdevice, cfg)
+    (new_plan,) = schedule_units(units, sub, vdevice, cfg)
     new_plan.selected = dict(plan.selected)
     new_plan.reason = dict(plan.reason)
     return new_plan

@@ -11,7 +11,7 @@ def register(sub, add_common, make_config):
     """Add the ``bench`` subcommand to the ``tvm-rammer`` parser."""
     from ..models import MODELS
     from .harness import TABLE1_MODELS
-    from .systems import SYSTEMS
+    from .systems import ALL_SYSTEMS, SYSTEMS
 
     p = sub.add_parser(
         "bench",
@@ -35,7 +35,8 @@ def register(sub, add_common, make_config):
                    help="seconds per model before it is recorded as a timeout; 0 = run in this "
                         "process without a timeout (default: %(default)s)")
     p.add_argument("--systems", default="",
-                   help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all)")
+                   help=f"comma-separated subset of {','.join(ALL_SYSTEMS)} (default: "
+                        f"{','.join(SYSTEMS)})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--no-chart", action="store_true", help="write no PNG chart")
     p.set_defaults(func=lambda args: cmd_bench(args, make_config))

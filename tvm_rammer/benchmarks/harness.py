@@ -54,15 +54,15 @@ class BenchOptions:
 
     def __post_init__(self):
         from ..models import MODELS
-        from .systems import SYSTEMS
+        from .systems import ALL_SYSTEMS
 
         unknown = [m for m in self.models if m not in MODELS]
         if unknown:
             raise ValueError(f"unknown model(s) {', '.join(map(repr, unknown))}; valid names: "
                              f"{', '.join(sorted(MODELS))}")
-        bad = [s for s in self.systems if s not in SYSTEMS]
+        bad = [s for s in self.systems if s not in ALL_SYSTEMS]
         if bad:
-            raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
+            raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(ALL_SYSTEMS)}")
         if self.batch < 1:
             raise ValueError(f"batch={self.batch}: use a batch size of at least 1")
         if self.runs < 1:
@@ -74,9 +74,13 @@ class BenchOptions:
         return dict(REDUCED.get(name, {})) if self.reduced else {}
 
     def selected_systems(self) -> tuple:
-        from .systems import SYSTEMS
+        """The systems named (in the table's order), or by default every one but the extra ones
+        (``ios``, ``opara``, ``nimble``: only when named)."""
+        from .systems import ALL_SYSTEMS, SYSTEMS
 
-        return tuple(s for s in SYSTEMS if not self.systems or s in self.systems)
+        if not self.systems:
+            return SYSTEMS
+        return tuple(s for s in ALL_SYSTEMS if s in self.systems)
 
 
 # --- environment ----------------------------------------------------------------------------
@@ -176,7 +180,8 @@ def bench_model(job: dict, emit) -> None:
 
     config = RammerConfig(**job["config"])
     tolerance = sysmod.tolerance_for(config.precision)
-    for system in sysmod.tvm_systems(job["target"], config):
+    for system in sysmod.tvm_systems(job["target"], config,
+                                     sysmod.TVM_SYSTEMS + sysmod.POLICY_SYSTEMS):
         if system.name not in systems:
             continue
         result = {"status": "compiled"}
@@ -200,6 +205,16 @@ def bench_model(job: dict, emit) -> None:
         except Exception as err:
             result.update(status="failed", stage=stage, reason=_short(err))
         emit({"event": "result", "system": system.name, "result": result})
+
+    if sysmod.NIMBLE in systems:
+        from .nimble import bench_nimble
+
+        emit({"event": "stage", "stage": f"{sysmod.NIMBLE}"})
+        try:
+            result = bench_nimble(mod, job["target"], timing, inputs, job["runs"], check)
+        except Exception as err:
+            result = {"status": "failed", "stage": "nimble", "reason": _short(err)}
+        emit({"event": "result", "system": sysmod.NIMBLE, "result": result})
 
     torch_systems = [s for s in sysmod.TORCH_SYSTEMS if s in systems]
     if not torch_systems:

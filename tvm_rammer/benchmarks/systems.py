@@ -22,7 +22,7 @@ inputs cast to half); outputs are compared with onnxruntime's float32 ones withi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -40,15 +40,24 @@ TVM_CUDA_GRAPH = "tvm-cudagraph"
 TVM_RAMMER = "tvm-rammer"
 TORCH_EAGER = "torch-eager"
 TORCH_CUDA_GRAPH = "torch-cudagraph"
+IOS = "ios"  # the rammer pipeline with RammerConfig(policy="ios")
+OPARA = "opara"  # the rammer pipeline with RammerConfig(policy="opara")
+NIMBLE = "nimble"  # TVM's default kernels on Nimble's streams in one CUDA graph (benchmarks.nimble)
 TVM_SYSTEMS = (TVM_DEFAULT, TVM_CUDA_GRAPH, TVM_RAMMER)
 TORCH_SYSTEMS = (TORCH_EAGER, TORCH_CUDA_GRAPH)
 SYSTEMS = TVM_SYSTEMS + TORCH_SYSTEMS
+POLICY_SYSTEMS = (IOS, OPARA)  # the other scheduling policies on the same rTask machinery
+EXTRA_SYSTEMS = POLICY_SYSTEMS + (NIMBLE,)  # run when named in --systems, not by default
+ALL_SYSTEMS = SYSTEMS + EXTRA_SYSTEMS
 DESCRIPTIONS = {
     TVM_DEFAULT: "TVM 0.27 default CUDA Relax pipeline (the paper's RammerBase)",
     TVM_CUDA_GRAPH: "TVM default pipeline with relax.backend.use_cuda_graph=True",
     TVM_RAMMER: "tvm-rammer pipeline (rPrograms as persistent kernels)",
     TORCH_EAGER: "PyTorch eager, ONNX graph converted by onnx2torch",
     TORCH_CUDA_GRAPH: "PyTorch CUDA-graph replay of the same module",
+    IOS: "tvm-rammer pipeline with IOS's dynamic-programming stage partition (--policy ios)",
+    OPARA: "tvm-rammer pipeline with Opara's resource-aware launch order (--policy opara)",
+    NIMBLE: "TVM default kernels on Nimble's stream assignment, captured into one CUDA graph",
 }
 CUDA_GRAPH_CONFIG = {"relax.backend.use_cuda_graph": True}
 TOLERANCES = {"float32": 1e-3, "float16": 1e-2}  # max relative error vs onnxruntime (float32)
@@ -74,14 +83,23 @@ class TVMSystem:
         return CUDA_GRAPH_CONFIG if self.name == TVM_CUDA_GRAPH else {}
 
     @property
+    def is_rammer(self) -> bool:
+        """The rammer pipeline (with Algorithm 1 or another policy of ``tvm_rammer.policies``)."""
+        return self.name in (TVM_RAMMER,) + POLICY_SYSTEMS
+
+    @property
+    def rammer_config(self) -> RammerConfig:
+        return replace(self.config, policy=self.name) if self.name in POLICY_SYSTEMS else self.config
+
+    @property
     def build_target(self) -> tvm.target.Target:
-        return self.target if self.name == TVM_RAMMER else plain_target(self.target)
+        return self.target if self.is_rammer else plain_target(self.target)
 
     def lower(self, mod: tvm.IRModule) -> tvm.IRModule:
         """The Relax pipeline only (what ``tvm.compile`` runs before code generation)."""
         with tvm.transform.PassContext(config=self.pass_config):
-            if self.name == TVM_RAMMER:
-                return lower_rammer(mod, self.target, self.config)
+            if self.is_rammer:
+                return lower_rammer(mod, self.target, self.rammer_config)
             plain = plain_target(self.target)
             with plain:
                 mod = tvm.transform.Sequential(mixed_precision_passes(self.config))(mod)
@@ -99,10 +117,12 @@ class TVMSystem:
         return {"launches": count_launches(lowered), "launch_note": "kernel launches"}
 
 
-def tvm_systems(target, config: RammerConfig) -> list:
-    """The three TVM systems for ``target`` (a rammer tag or any CUDA target)."""
+def tvm_systems(target, config: RammerConfig, names=TVM_SYSTEMS) -> list:
+    """The TVM systems ``names`` for ``target`` (a rammer tag or any CUDA target): by default the
+    three TVM pipelines; ``POLICY_SYSTEMS`` are the rammer pipeline with the ``ios`` and ``opara``
+    policies."""
     target = resolve_target(target)
-    return [TVMSystem(name, target, config) for name in TVM_SYSTEMS]
+    return [TVMSystem(name, target, config) for name in names]
 
 
 cuda_graph_launches = count_cuda_graph_launches
