@@ -23,6 +23,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .unused_bindings import remove_unused_bindings
+
 MATMUL = tvm.ir.Op.get("relax.matmul")
 ADD = tvm.ir.Op.get("relax.add")
 CONCAT = tvm.ir.Op.get("relax.concat")
@@ -144,5 +146,5 @@ class SplitMatMulOverConcat:
                 before = rewriter.rewrites
                 new = rewriter.visit_expr(func)
                 if rewriter.rewrites > before:
-                    rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
+                    rewriter.builder_.update_func(gv, remove_unused_bindings(new))
         return rewriter.builder_.get() if rewriter.rewrites else mod

@@ -45,6 +45,7 @@ from tvm import relax
 from .branch_fusion import (INJECTIVE, OUT_EWISE_FUSABLE, _emit_group_function, _fusable_call,
                             _group_name, _op_pattern)
 from .dataflow_graph import DataflowGraph
+from .unused_bindings import remove_unused_bindings
 
 MAX_RECOMPUTE = 2.0
 
@@ -209,7 +210,7 @@ def _emit(mod, graph, groups):
             bindings.append(b)
     main = graph.func
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], main.body.body)
-    new_main = relax.analysis.remove_all_unused(
+    new_main = remove_unused_bindings(
         relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs))
     bb.update_func(mod.get_global_var("main"), new_main)
     return bb.finalize()
