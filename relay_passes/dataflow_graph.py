@@ -18,6 +18,7 @@ A node is *placeable* (can become rTasks) when it is a `call_tir` with static in
 shapes, no `tir_vars`, and a callee PrimFunc in the module that binds `blockIdx` (a scheduled GPU
 kernel). Otherwise `reason` says why not.
 """
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -49,9 +50,10 @@ class TensorRef:
     def __hash__(self):
         return hash(self._key())
 
-    @property
+    @functools.cached_property
     def shape(self):
-        """Tuple of dims (int when static, PrimExpr when symbolic), or None when unknown."""
+        """Tuple of dims (int when static, PrimExpr when symbolic), or None when unknown (read
+        from ``ty`` once: the passes ask for it hundreds of thousands of times on an RNN)."""
         return _shape_of(self.ty)
 
     @property

@@ -105,18 +105,18 @@ class _Tail:
 def find_tails(graph):
     """Tails (sorted lists of node indices), each grown from one seed tensor; disjoint."""
     mod, levels = graph.mod, graph.levels()
+    eligible = {node.index for node in graph.nodes if _tail_member(node, mod)}  # asked again and again
     taken, tails = set(), []
     seeds = [t for node in graph.nodes if node.kind == "call_tir" for t in node.outputs]
     seeds = [t for t in graph.func.params for t in [graph.tensor_of_expr(t)]] + seeds
     for tensor in seeds:
         readers = _readers(graph, tensor)
-        if len(readers) < 2 or any(r in taken or not _tail_member(graph.nodes[r], mod)
-                                   for r in readers):
+        if len(readers) < 2 or any(r in taken or r not in eligible for r in readers):
             continue
         tail = _Tail(graph, levels, readers)
         if tail.external_level(tail.members) >= min(levels[i] for i in tail.members):
             continue
-        _grow(tail, taken)
+        _grow(tail, taken, eligible)
         taken |= tail.members
         tails.append(sorted(tail.members))
     return tails
@@ -134,9 +134,10 @@ def _is_epilogue(graph, index):
             and not graph.is_graph_output(produced[0]))
 
 
-def _grow(tail, taken):
-    """Add producers above and consumers below until neither rule admits another node."""
-    graph, mod = tail.graph, tail.graph.mod
+def _grow(tail, taken, eligible):
+    """Add producers above and consumers below until neither rule admits another node
+    (``eligible``: the indices of the nodes that may join a tail, ``_tail_member``)."""
+    graph = tail.graph
     changed = True
     while changed:
         changed = False
@@ -152,7 +153,7 @@ def _grow(tail, taken):
             for t in node.outputs:  # downwards: a consumer reading early inputs only
                 candidates += [c for c in _readers(graph, t) if c not in tail.members]
             for c in candidates:
-                if c in taken or c in tail.members or not _tail_member(graph.nodes[c], mod):
+                if c in taken or c in tail.members or c not in eligible:
                     continue
                 if tail.may_add(c):
                     tail.members.add(c)
