@@ -80,3 +80,41 @@ def test_batched_module_computes_the_same():
 
     for got, want in zip(run(BatchSharedWeightMatMuls()(mod)), run(mod)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def rows_cut_from_one_tensor(order=(0, 1, 2)):
+    """y_t = reshape(x[:, :, t], [1, 8]) @ W2 for the time steps t of x[1, 2, 4, 3], in ``order``
+    (through SplitToSlices-style Tuple / TupleGetItem aliases, as an exported RNN's inputs are)."""
+    w = relax.const(np.random.default_rng(1).standard_normal((8, 5)).astype("float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", tensor(1, 2, 4, 3))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            act = bb.emit(relax.op.nn.relu(x))
+            cuts = bb.emit(relax.Tuple([bb.emit(relax.op.strided_slice(act, [3], [t], [t + 1]))
+                                        for t in range(3)]))
+            steps = [bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(cuts, t)), [1, 8]))
+                     for t in order]
+            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.matmul(s, w)) for s in steps]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_rows_cut_in_order_from_one_tensor_are_stacked_by_a_transpose_not_a_concat():
+    """DeepSpeech2's first layer: the steps' inputs are one activation cut along time, so the stack
+    is that activation with time moved first (the cuts go); computed the same."""
+    mod = rows_cut_from_one_tensor()
+    text = BatchSharedWeightMatMuls()(mod)["main"].script()
+    assert "R.concat" not in text and "R.shape([1, 8])" not in text  # the cuts and their reshapes went
+    assert text.count("R.strided_slice(batched") == text.count("R.strided_slice") == 3
+    assert text.count("R.permute_dims") == 1 and text.count("R.matmul") == 1
+    shuffled = BatchSharedWeightMatMuls()(rows_cut_from_one_tensor(order=(1, 0, 2)))["main"].script()
+    assert "R.concat" in shuffled and "R.permute_dims" not in shuffled  # out of order: a concat
+    x = np.random.default_rng(2).standard_normal((1, 2, 4, 3)).astype("float32")
+
+    def run(m):
+        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
+        return [o.numpy() for o in vm["main"](tvm.runtime.tensor(x))]
+
+    for got, want in zip(run(BatchSharedWeightMatMuls()(mod)), run(mod)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
