@@ -1,0 +1,104 @@
+"""Compile time of every zoo model: the rammer pipeline against TVM's default pipeline (no GPU needed).
+
+    python3 scripts/compile_times.py                      # every Table-1 and IOS model, full size
+    python3 scripts/compile_times.py lstm_tc nasnet_cifar --out times.json
+
+Each model is compiled in a fresh Python process, one model at a time (side-by-side jobs would
+distort each other's times): the ONNX model is imported, then lowered by the rammer pipeline
+(``RammerConfig(profile=False)``: nothing measured, no database read, as on a machine without a GPU)
+under the phase timer of ``--timings`` (``tvm_rammer.timings.PipelineProgress``), then by TVM's
+default CUDA pipeline. Both are the Relax pipelines only (what ``tvm-rammer inspect`` runs); the
+CUDA code generation that ``tvm.compile`` adds is left out of both. One JSON line per model, then a
+Markdown table: seconds of each pipeline, their ratio, and the three largest steps of the rammer one
+(the back end's own phases in place of the back end as a whole).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq2seq",
+          "inception_v3", "squeezenet", "googlenet", "randwire")
+
+_CHILD = r"""
+import json, sys, time
+import tvm
+from tvm_rammer.config import RammerConfig
+from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.inspection import lower_default
+from tvm_rammer.launches import count_launches
+from tvm_rammer.models import get_model
+from tvm_rammer.timings import PipelineProgress
+
+name, target = sys.argv[1], sys.argv[2]
+start = time.perf_counter()
+mod = import_onnx(get_model(name))
+import_s = time.perf_counter() - start
+progress = PipelineProgress()
+start = time.perf_counter()
+with tvm.transform.PassContext(instruments=[progress]):
+    ours = lower(mod, target, RammerConfig(profile=False))
+rammer_s = time.perf_counter() - start
+start = time.perf_counter()
+theirs = lower_default(mod, target)
+default_s = time.perf_counter() - start
+steps = progress.steps + [("  " + p, s) for p, s in progress.phases]
+print(json.dumps({"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s, 2),
+                  "default_s": round(default_s, 2), "launches": count_launches(ours),
+                  "default_launches": count_launches(theirs),
+                  "phases": [[n, round(s, 2)] for n, s in steps]}))
+"""
+
+
+def measure(name: str, target: str, timeout: float) -> dict:
+    """One model in a fresh interpreter; a failure or timeout becomes a row saying so."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD, name, target], capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
+    except subprocess.TimeoutExpired:
+        return {"model": name, "error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"model": name, "error": f"exit {done.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def table(rows: list) -> str:
+    """Markdown: one line per model."""
+    out = ["| model | rammer s | default s | ratio | launches (default) | largest rammer phases |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | {r['error']} | | | | |")
+            continue
+        top = sorted((p for p in r["phases"] if p[0] != "RammerBackend"), key=lambda p: -p[1])[:3]
+        phases = ", ".join(f"{n.strip()} {s:.1f}" for n, s in top)
+        out.append(f"| {r['model']} | {r['rammer_s']:.1f} | {r['default_s']:.1f} | "
+                   f"{r['rammer_s'] / max(r['default_s'], 1e-9):.2f} | {r['launches']} "
+                   f"({r['default_launches']}) | {phases} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("--target", default="rammer/nvidia-h100")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
+    parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    rows = []
+    for name in args.models:
+        rows.append(measure(name, args.target, args.timeout))
+        print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
