@@ -27,6 +27,7 @@ import math
 import tvm
 from tvm import relax
 
+from .split_matmul_concat import _is_op, _static_shape
 from .unused_bindings import remove_unused_bindings
 
 MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -80,18 +81,6 @@ def _batches(block):
         key = (w, level.get(x, 0), str(x.ty.dtype), str(call.attrs.out_dtype))
         groups.setdefault(key, []).append(i)
     return [idx for idx in groups.values() if len(idx) >= MIN_BATCH]
-
-
-def _is_op(expr, op):
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(op)
-
-
-def _static_shape(expr):
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(d, tvm.tirx.IntImm)
-                                                         for d in shape.values):
-        return None
-    return [int(d.value) for d in shape.values]
 
 
 def _ints(tup):
