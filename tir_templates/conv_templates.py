@@ -18,7 +18,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers, get_reduction_blocks
 
-from .gemm_templates import MAX_THREADS, _is_multiply_add
+from .gemm_templates import MAX_THREADS, _is_multiply_add, _operand_vars
 
 __all__ = ["depthwise_axes", "schedule_depthwise_conv2d"]
 
@@ -27,20 +27,10 @@ def depthwise_axes(block) -> dict | None:
     """{"S": [...], "I": [...], "K": [...]} iter indices of a depthwise conv block (channel: in the
     input, the weights and the output; image: input and output; window: reductions in input and
     weights), None for anything else (pooling has one input, a GEMM has an output-only weight axis)."""
-    if len(block.reads) != 2 or len(block.writes) != 1 or not _is_multiply_add(block):
+    found = _operand_vars(block)
+    if found is None or not _is_multiply_add(block):
         return None
-
-    def used(region):
-        found = set()
-        for rng in region.region:
-            if not (isinstance(rng.extent, tirx.IntImm) and int(rng.extent) == 1):
-                return None
-            found |= set(tirx.analysis.undefined_vars(rng.min))
-        return found
-
-    a, b, c = used(block.reads[0]), used(block.reads[1]), used(block.writes[0])
-    if a is None or b is None or c is None:
-        return None
+    a, b, c = found
     axes = {"S": [], "I": [], "K": [], "T": []}
     for n, iv in enumerate(block.iter_vars):
         extent = iv.dom.extent

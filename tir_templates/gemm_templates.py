@@ -140,10 +140,9 @@ def _split_groups(sch, main):
     return sch, sch.get_sblock(name)
 
 
-def _iter_kinds(block):
-    """IterKind of each iter of a ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` block (by which of A, B
-    and C its var indexes), or None when the block is not of that form. Unlike dlight's analysis a
-    unit I (GEMV: one row) is allowed; J and K are required."""
+def _operand_vars(block):
+    """``(a, b, c)``: the vars indexing each element access of a block that reads two buffers and
+    writes one (A, B, C), or None for another arity or an access of more than one element."""
     if len(block.reads) != 2 or len(block.writes) != 1:
         return None
 
@@ -155,9 +154,18 @@ def _iter_kinds(block):
             found |= set(tirx.analysis.undefined_vars(rng.min))
         return found
 
-    a, b, c = used(block.reads[0]), used(block.reads[1]), used(block.writes[0])
-    if a is None or b is None or c is None:
+    sets = (used(block.reads[0]), used(block.reads[1]), used(block.writes[0]))
+    return None if any(v is None for v in sets) else sets
+
+
+def _iter_kinds(block):
+    """IterKind of each iter of a ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` block (by which of A, B
+    and C its var indexes), or None when the block is not of that form. Unlike dlight's analysis a
+    unit I (GEMV: one row) is allowed; J and K are required."""
+    found = _operand_vars(block)
+    if found is None:
         return None
+    a, b, c = found
     kinds = []
     for iv in block.iter_vars:
         var, extent = iv.var, _int(iv.dom.extent)
