@@ -78,7 +78,7 @@ class BuiltRProgram:
         """What the Relax rewrite needs to emit this rProgram."""
         args = list(self.tensors.input_exprs)
         if self.tensors.blob is not None:
-            args.append(relax.const(self.tensors.blob, "uint8"))
+            args.append(_uint8_const(self.tensors.blob))
         args.append(relax.const(self.table, "int32"))
         if self.func.attrs.get("rammer.fault_page", False):
             args.append(fault_page_call(args[-1]))
@@ -115,6 +115,15 @@ class BuiltRProgram:
         if self.tensors.blob is not None:
             fixed["weights"] = self.tensors.blob
         return fixed
+
+
+def _uint8_const(blob: np.ndarray) -> relax.Constant:
+    """A Relax constant of the constants blob, sharing its memory where it is aligned for DLPack
+    (``codegen.tensors.aligned_zeros``): a model's weights are not copied twice more."""
+    try:
+        return relax.const(tvm.runtime.from_dlpack(blob))
+    except (RuntimeError, TypeError, BufferError):
+        return relax.const(blob, "uint8")
 
 
 @dataclass

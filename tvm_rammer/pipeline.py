@@ -28,6 +28,7 @@ from tvm import relax
 from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
+from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
@@ -36,6 +37,7 @@ from relay_passes.split_to_slices import SplitToSlices
 from tir_templates.default_schedule import default_schedule_pass
 
 from .backend import RammerBackend
+from .codegen.tir_pipeline import install as install_tir_pipeline
 from .config import RammerConfig
 from .launches import count_launches
 from .report import UNPLACED_ATTR, unplaced_operators
@@ -66,6 +68,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *precision,                                    # float16: after BN folding (in fp32), before legalizing
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
+        FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
         relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
@@ -154,7 +157,8 @@ def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRM
 
 
 def install() -> None:
-    """Register the ``rammer`` pipeline, the ``rammer/...`` tags and the rammer-target dispatch.
+    """Register the ``rammer`` pipeline, the ``rammer/...`` tags, the rammer-target dispatch and the
+    TIR pipeline that leaves prelowered persistent kernels' bodies alone (``codegen.tir_pipeline``).
 
     Idempotent; called when ``tvm_rammer`` is imported.
     """
@@ -165,6 +169,7 @@ def install() -> None:
         relax.register_pipeline(PIPELINE_NAME)(
             lambda config=None, **kwargs: rammer_pipeline(config=_config_from(config, kwargs)))
     register_tags()
+    install_tir_pipeline()  # tvm.compile does not lower the persistent kernels a second time
     current = cuda_backend.get_default_pipeline
     if getattr(current, "_rammer_dispatch", False):
         return

@@ -65,6 +65,7 @@ from ..rtask import BarrierRTask, RTask
 from tir_templates.arena import rebase
 
 from . import cuda_helpers
+from .tir_pipeline import PRELOWERED_ATTR
 
 INT32 = "int32"
 BARRIER_KIND = 0
@@ -376,6 +377,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         "rammer.veu_threads": spec.veu_threads,
         "rammer.state_words": counter_base + counters,
         "rammer.fault_page": bool(with_barriers),
+        PRELOWERED_ATTR: True,  # tvm.compile skips the s_tir passes prelower ran (tir_pipeline.py)
     })
     if timeline is not None:
         func = func.with_attr("rammer.timeline_words", num_instructions * cuda_helpers.TIMELINE_WORDS)

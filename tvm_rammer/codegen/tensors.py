@@ -56,8 +56,22 @@ def _layout(tensors) -> tuple:
     return offsets, size
 
 
-def _constant_bytes(tensor) -> bytes:
-    return np.ascontiguousarray(tensor.expr.value.numpy()).tobytes()
+def _constant_bytes(tensor) -> np.ndarray:
+    """The constant's bytes as a flat uint8 view of TVM's own buffer (no copy where DLPack can)."""
+    value = tensor.expr.value
+    try:
+        array = np.from_dlpack(value)
+    except (TypeError, RuntimeError, BufferError):
+        array = value.numpy()
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def aligned_zeros(nbytes: int) -> np.ndarray:
+    """A zeroed uint8 array whose data starts on an ALIGN-byte boundary (what TVM needs to wrap
+    it without a copy, ``tvm.runtime.from_dlpack``)."""
+    raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start: start + nbytes]
 
 
 def _split(groups, key):
@@ -151,9 +165,9 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
 
     blob = None
     if constants:
-        blob = np.zeros(blob_bytes, dtype=np.uint8)
+        blob = aligned_zeros(blob_bytes)
         for t in constants:
-            raw = np.frombuffer(_constant_bytes(t), dtype=np.uint8)
+            raw = _constant_bytes(t)
             blob[const_at[t]: const_at[t] + raw.size] = raw
     where = {t: place(t) for ts in binds.values() for t in ts}
     return TensorPlan(slots, num_inputs, [t.expr for t in direct_inputs], blob, outputs,

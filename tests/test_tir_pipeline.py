@@ -1,0 +1,87 @@
+"""tvm.compile's TIR lowering: persistent kernels skip only the passes prelower already ran, with the
+same lowered code as TVM's own pipeline; every other function gets TVM's pipeline unchanged."""
+
+import pytest
+import tvm
+from tvm.tirx import compilation_pipeline
+
+from tvm_rammer.codegen import tir_pipeline
+from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.inspection import lower_default
+from tvm_rammer.models import REDUCED, get_model
+from tvm_rammer.target import plain_target, rammer_target
+
+TARGET = "rammer/nvidia-h100"
+
+
+def _tvm_s_tir(mod):
+    """TVM's own s_tir pipeline (the factory our wrapper wraps) over ``mod``."""
+    import tvm.s_tir.pipeline as s_tir_pipeline
+
+    pipeline, _, _ = s_tir_pipeline.default_s_tir_pipeline()
+    return pipeline(mod)
+
+
+def _ours(mod):
+    pipeline, _, _ = compilation_pipeline.get_tir_pipeline("default")
+    return pipeline(mod)
+
+
+def _bound(funcs):
+    target = plain_target(rammer_target(TARGET))
+    mod = tvm.IRModule(funcs)
+    return tvm.tirx.transform.BindTarget(target.with_host("llvm"))(mod), target
+
+
+@pytest.fixture(scope="module", params=["squeezenet", "lstm_tc"])
+def model(request):
+    return import_onnx(get_model(request.param, **REDUCED[request.param]))
+
+
+@pytest.fixture(scope="module")
+def lowered(model):
+    return lower(model, TARGET)
+
+
+def _split(mod):
+    persistent = {gv: f for gv, f in mod.functions_items() if tir_pipeline.is_prelowered(f)}
+    ordinary = {gv: f for gv, f in mod.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc) and gv not in persistent}
+    return persistent, ordinary
+
+
+def test_the_default_tir_pipeline_is_the_prelowered_aware_one():
+    factory = compilation_pipeline.PIPELINE_MAP["s_tir"]
+    assert getattr(factory, tir_pipeline._MARK, False)
+    tir_pipeline.install()  # idempotent: never wraps twice
+    assert compilation_pipeline.PIPELINE_MAP["s_tir"] is factory
+
+
+def test_persistent_kernels_lower_to_the_same_code_as_with_tvms_pipeline(lowered):
+    persistent, _ = _split(lowered)
+    assert persistent, "the reduced SqueezeNet should become at least one rProgram"
+    mod, target = _bound(persistent)
+    with target:
+        ours, theirs = _ours(mod), _tvm_s_tir(mod)
+    tvm.ir.assert_structural_equal(ours, theirs)
+
+
+def test_ordinary_kernels_and_mixed_modules_get_tvms_pipeline(model, lowered):
+    persistent, _ = _split(lowered)
+    _, ordinary = _split(lower_default(model, TARGET))  # TVM's default kernels of the same model
+    assert persistent and ordinary
+    mod, target = _bound({**persistent, **ordinary})
+    with target:
+        ours, theirs = _ours(mod), _tvm_s_tir(mod)
+    assert sorted(gv.name_hint for gv in ours.get_global_vars()) == \
+        sorted(gv.name_hint for gv in theirs.get_global_vars())
+    for gv in theirs.get_global_vars():
+        tvm.ir.assert_structural_equal(ours[gv.name_hint], theirs[gv])
+
+
+def test_the_prelowered_list_is_tvms_list_with_the_skipped_passes_restricted():
+    with tvm.transform.PassContext():
+        ours = tir_pipeline.prelowered_passes()
+        full = [p.info.name for p in tir_pipeline._s_tir_passes({})]
+    assert [p.info.name for p in ours] == full  # same passes, same order
+    assert tir_pipeline.SKIPPED <= set(full)  # every skipped name is a pass TVM's list has
