@@ -60,7 +60,7 @@ def test_precision_is_validated_and_reaches_the_pipeline_and_the_cli():
     assert RammerConfig().precision == "float32"
     names = [p.info.name for p in rammer_passes(rammer_target(TARGET), FP16)]
     mixed = [i for i, n in enumerate(names) if "ToMixedPrecision" in n]
-    assert len(mixed) == 1 and mixed[0] < names.index("LegalizeOps"), names  # before legalizing
+    assert len(mixed) == 1 and mixed[0] < names.index("MemoLegalizeOps"), names  # before legalizing
     assert not any("ToMixedPrecision" in n for n in
                    (p.info.name for p in rammer_passes(rammer_target(TARGET), RammerConfig())))
     args = build_parser().parse_args(["inspect", "m.onnx", "--precision", "float16"])

@@ -30,6 +30,7 @@ from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.inference_dropout import RemoveInferenceDropout
+from relay_passes.memo_legalize import MemoLegalizeOps
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
 from relay_passes.split_tail_fusion import SplitTailFusion
@@ -69,7 +70,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
-        relax.transform.LegalizeOps(),                 # every op -> call_tir of a PrimFunc
+        MemoLegalizeOps(),                             # every op -> call_tir (each signature built once)
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
         *fusion,                                       # never joins two independent branches
