@@ -2,15 +2,17 @@
 
     python3 scripts/compile_times.py                      # every Table-1 and IOS model, full size
     python3 scripts/compile_times.py lstm_tc nasnet_cifar --out times.json
+    python3 scripts/compile_times.py --build --no-build deepspeech2   # tvm.compile's build too
 
 Each model is compiled in a fresh Python process, one model at a time (side-by-side jobs would
 distort each other's times): the ONNX model is imported, then lowered by the rammer pipeline
 (``RammerConfig(profile=False)``: nothing measured, no database read, as on a machine without a GPU)
 under the phase timer of ``--timings`` (``tvm_rammer.timings.PipelineProgress``), then by TVM's
-default CUDA pipeline. Both are the Relax pipelines only (what ``tvm-rammer inspect`` runs); the
-CUDA code generation that ``tvm.compile`` adds is left out of both. One JSON line per model, then a
-Markdown table: seconds of each pipeline, their ratio, and the three largest steps of the rammer one
-(the back end's own phases in place of the back end as a whole).
+default CUDA pipeline: the Relax pipelines (what ``tvm-rammer inspect`` runs). With ``--build``,
+each lowered module is then built as ``tvm.compile`` builds it (TIR lowering, CUDA code generation,
+nvcc): the "with build" columns are what a user waits for in ``tvm.compile``. One JSON line per
+model, then a Markdown table: seconds of each pipeline, their ratio, and the three largest steps of
+the rammer one (the back end's own phases in place of the back end as a whole).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from tvm_rammer.launches import count_launches
 from tvm_rammer.models import get_model
 from tvm_rammer.timings import PipelineProgress
 
-name, target = sys.argv[1], sys.argv[2]
+name, target, build = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 start = time.perf_counter()
 mod = import_onnx(get_model(name))
 import_s = time.perf_counter() - start
@@ -46,17 +48,28 @@ start = time.perf_counter()
 theirs = lower_default(mod, target)
 default_s = time.perf_counter() - start
 steps = progress.steps + [("  " + p, s) for p, s in progress.phases]
-print(json.dumps({"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s, 2),
-                  "default_s": round(default_s, 2), "launches": count_launches(ours),
-                  "default_launches": count_launches(theirs),
-                  "phases": [[n, round(s, 2)] for n, s in steps]}))
+row = {"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s, 2),
+       "default_s": round(default_s, 2), "launches": count_launches(ours),
+       "default_launches": count_launches(theirs),
+       "phases": [[n, round(s, 2)] for n, s in steps]}
+if build:  # what tvm.compile adds: TIR lowering, CUDA codegen and nvcc of the lowered module
+    from tvm_rammer.runner import resolve_target
+    from tvm_rammer.target import plain_target
+    rammer = resolve_target(target)
+    for key, lowered, tgt in (("rammer_build_s", ours, rammer), ("default_build_s", theirs,
+                                                                 plain_target(rammer))):
+        start = time.perf_counter()
+        tvm.compile(lowered, target=tgt, relax_pipeline=None)
+        row[key] = round(time.perf_counter() - start, 2)
+print(json.dumps(row))
 """
 
 
-def measure(name: str, target: str, timeout: float) -> dict:
+def measure(name: str, target: str, timeout: float, build: bool = False) -> dict:
     """One model in a fresh interpreter; a failure or timeout becomes a row saying so."""
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, name, target], capture_output=True,
+        done = subprocess.run([sys.executable, "-c", _CHILD, name, target, str(int(build))],
+                              capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
     except subprocess.TimeoutExpired:
         return {"model": name, "error": f"timed out after {timeout:.0f} s"}
@@ -67,18 +80,29 @@ def measure(name: str, target: str, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+def _total(r: dict, system: str) -> str:
+    if f"{system}_build_s" not in r:
+        return "-"
+    return f"{r[f'{system}_s'] + r[f'{system}_build_s']:.1f}"
+
+
 def table(rows: list) -> str:
     """Markdown: one line per model."""
-    out = ["| model | rammer s | default s | ratio | launches (default) | largest rammer phases |",
-           "|---|---|---|---|---|---|"]
+    out = ["| model | rammer s | default s | ratio | with build: rammer s | default s | ratio | "
+           "launches (default) | largest rammer phases |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | {r['error']} | | | | |")
+            out.append(f"| {r['model']} | {r['error']} | | | | | | | |")
             continue
+        built = "rammer_build_s" in r
+        ratio = (f"{(r['rammer_s'] + r['rammer_build_s']) / (r['default_s'] + r['default_build_s']):.2f}"
+                 if built else "-")
         top = sorted((p for p in r["phases"] if p[0] != "RammerBackend"), key=lambda p: -p[1])[:3]
         phases = ", ".join(f"{n.strip()} {s:.1f}" for n, s in top)
         out.append(f"| {r['model']} | {r['rammer_s']:.1f} | {r['default_s']:.1f} | "
-                   f"{r['rammer_s'] / max(r['default_s'], 1e-9):.2f} | {r['launches']} "
+                   f"{r['rammer_s'] / max(r['default_s'], 1e-9):.2f} | {_total(r, 'rammer')} | "
+                   f"{_total(r, 'default')} | {ratio} | {r['launches']} "
                    f"({r['default_launches']}) | {phases} |")
     return "\n".join(out)
 
@@ -89,10 +113,17 @@ def main() -> None:
     parser.add_argument("--target", default="rammer/nvidia-h100")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--build", action="store_true",
+                        help="also time what tvm.compile adds to each pipeline: TIR lowering, CUDA "
+                             "code generation and nvcc of the lowered module (needs nvcc)")
+    parser.add_argument("--no-build", dest="no_build", nargs="*", default=[],
+                        help="models to time without --build (e.g. one whose default build is "
+                             "too long to wait for)")
     args = parser.parse_args()
     rows = []
     for name in args.models:
-        rows.append(measure(name, args.target, args.timeout))
+        rows.append(measure(name, args.target, args.timeout,
+                            build=args.build and name not in args.no_build))
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

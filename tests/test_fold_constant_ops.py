@@ -86,3 +86,35 @@ def test_a_folded_model_computes_what_the_unfolded_one_does():
         results.append(vm["main"](tvm.runtime.tensor(x)).numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
     np.testing.assert_allclose(results[0], x @ (w * 0.5) + b, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["alexnet", "randwire"])
+def test_the_faster_default_pipeline_builds_tvms_kernels_and_launches(name):
+    """pipeline.default_passes (the launch-count fallback): TVM's default CUDA pipeline with the
+    numpy pre-fold and memoised legalization: the same kernels called the same number of times."""
+    import tvm_ffi
+
+    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.launches import count_launches
+    from tvm_rammer.models import REDUCED, get_model
+    from tvm_rammer.pipeline import default_passes
+    from tvm_rammer.target import plain_target, rammer_target
+
+    mod = import_onnx(get_model(name, **REDUCED[name]))
+    target = plain_target(rammer_target("rammer/nvidia-h100"))
+    with target:
+        theirs = relax.get_default_pipeline(target)(mod)
+        ours = tvm.transform.Sequential(default_passes(target))(mod)
+    assert count_launches(ours) == count_launches(theirs)
+
+    def kernels_called(m):
+        called = []
+
+        def visit(call):  # after the VM lowering a kernel call is a call of its GlobalVar
+            gv = call.op if isinstance(call.op, tvm.ir.GlobalVar) else None
+            if gv is not None and isinstance(m[gv], tvm.tirx.PrimFunc):
+                called.append(tvm_ffi.structural_hash(m[gv].without_attr("global_symbol")))
+        tvm_ffi.structural_walk(m["main"].body, (relax.Call, visit))
+        return sorted(called)
+
+    assert kernels_called(theirs) and kernels_called(ours) == kernels_called(theirs)
