@@ -10,7 +10,7 @@ import tvm_rammer
 from tvm_rammer.frontend import import_onnx, lower
 from tvm_rammer.inspection import inspect_model
 from tvm_rammer.launches import count_launches
-from tvm_rammer.models import get_model
+from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.report import rprogram_reports
 from tvm_rammer.resources import cuda_source
 
@@ -208,3 +208,20 @@ def test_a_lowering_with_more_launches_than_tvms_default_is_replaced_by_the_defa
     assert why["name"] == "main" and "TVM's default pipeline is kept" in why["reason"]
     rammer = lower(mod, TARGET)
     assert _fewer_launches(mod, rammer, tvm.target.Target(TARGET)) is rammer
+
+
+@pytest.mark.parametrize("model", [lambda: random_dag(5, num_ops=14),
+                                   lambda: get_model("randwire", **REDUCED["randwire"]),
+                                   lambda: get_model("lstm_tc", **REDUCED["lstm_tc"])])
+def test_the_default_launch_lower_bound_never_exceeds_the_default_launches(model):
+    """_fewer_launches skips building TVM's default lowering when ours launches at most this bound;
+    it must never be more than what the default lowering launches."""
+    from tvm_rammer.pipeline import default_launches_at_least
+    from tvm_rammer.target import plain_target, rammer_target
+
+    mod = import_onnx(model())
+    plain = plain_target(rammer_target(TARGET))
+    with plain:
+        default = relax.get_default_pipeline(plain)(mod)
+    bound = default_launches_at_least(mod, plain)
+    assert 0 < bound <= count_launches(default)
