@@ -35,6 +35,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx.buffer import is_buffer_var
+from .s_tir_passes import s_tir_passes
 
 BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -79,51 +80,17 @@ class LoweredKernel:
 
 
 def _lowering_passes():
-    """The s_tir pipeline prefix that leaves one kernel with syncs placed and reductions lowered."""
-    return [
-        s_tir.transform.CanonicalizeLoop(),
-        s_tir.transform.LowerCrossThreadReduction(),
-        s_tir.transform.LowerInitBlock(),
-        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-        s_tir.transform.ConvertBlocksToOpaque(),
-        s_tir.transform.LiftThreadBinding(),
-        s_tir.transform.ManifestSharedMemoryLocalStage(),
-        s_tir.transform.CompactBufferAllocation(),
-        s_tir.transform.LowerAutoCopy(),
-        s_tir.transform.UnifyThreadBinding(),
-        s_tir.transform.LowerMatchBuffer(),
-        s_tir.transform.StmtSimplify(),
-        s_tir.transform.InjectPermutedLayout(),
-        s_tir.transform.AnnotateIrregularLoop(),
-        s_tir.transform.InjectSoftwarePipeline(),
-        s_tir.transform.TransformMmaBufferLayout(),
-        s_tir.transform.LowerOpaqueBlock(),
-        tirx.transform.FlattenBuffer(),
-        tirx.transform.BF16ComputeLegalize(),
-        tirx.transform.NarrowDataType(32),
-        s_tir.transform.LoopPartition(),
-        tirx.transform.VectorizeLoop(True),
-        s_tir.transform.InjectVirtualThread(),
-        s_tir.transform.InjectDoubleBuffer(),
-        tirx.transform.StorageRewrite(),
-        s_tir.transform.HoistIfThenElse(),
-        tirx.transform.UnrollLoop(),
-        s_tir.transform.RenormalizeSplitPattern(),
-        tirx.transform.StmtSimplify(),
-        tirx.transform.RemoveNoOp(),
-        s_tir.transform.RewriteUnsafeSelect(),
-        _LowerAllWarpMemory(),  # before CSE hides the lane (threadIdx.x) in let-bound variables
-        tirx.transform.CommonSubexprElim(),
-        tirx.transform.FP8ComputeLegalize(),
-        tirx.transform.VerifyMemory(),
-        tirx.transform.AnnotateEntryFunc(),
-        s_tir.transform.ThreadSync("shared"),
-        s_tir.transform.ThreadSync("shared.dyn"),
-        s_tir.transform.ThreadSync("warp"),
-        s_tir.transform.InferFragment(),
-        s_tir.transform.LowerThreadAllreduce(),
-        s_tir.transform.InjectPTXAsyncCopy(),
-    ]
+    """The s_tir pipeline prefix that leaves one kernel with syncs placed and reductions lowered:
+    TVM's list up to ``LowerThreadAllreduce`` (without the Hexagon-only VTCM passes), warp memory
+    lowered before ``CommonSubexprElim``, then ``InjectPTXAsyncCopy``."""
+    passes = [p for p in s_tir_passes({})
+              if p.info.name not in ("s_tir.VerifyVTCMLimit", "s_tir.LowerVtcmAlloc")]
+    names = [p.info.name for p in passes]
+    passes = passes[: names.index("s_tir.LowerThreadAllreduce") + 1]
+    cse = names.index("tirx.CommonSubexprElim")
+    # warp memory before CSE hides the lane (threadIdx.x) in let-bound variables
+    return [*passes[:cse], _LowerAllWarpMemory(), *passes[cse:],
+            s_tir.transform.InjectPTXAsyncCopy()]
 
 
 def _first_line(err: Exception) -> str:

@@ -19,8 +19,10 @@ either way.
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.tirx import compilation_pipeline
+
+from tir_templates.s_tir_passes import s_tir_passes
 
 PRELOWERED_ATTR = "rammer.prelowered"
 _NAME = "s_tir"
@@ -37,85 +39,11 @@ SKIPPED = frozenset({
 })
 
 
-def _s_tir_passes(config) -> list:
-    """TVM 0.27's ``default_s_tir_pipeline`` list (``tvm/s_tir/pipeline.py``), in order."""
-    passes = [
-        s_tir.transform.CanonicalizeLoop(),
-        s_tir.transform.LowerCrossThreadReduction(),
-        s_tir.transform.LowerInitBlock(),
-        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-        s_tir.transform.ConvertBlocksToOpaque(),
-        s_tir.transform.LiftThreadBinding(),
-        s_tir.transform.ManifestSharedMemoryLocalStage(),
-        s_tir.transform.CompactBufferAllocation(),
-        s_tir.transform.LowerAutoCopy(),
-        s_tir.transform.UnifyThreadBinding(),
-        s_tir.transform.LowerMatchBuffer(),
-        s_tir.transform.StmtSimplify(),
-        s_tir.transform.InjectPermutedLayout(),
-        s_tir.transform.AnnotateIrregularLoop(),
-        s_tir.transform.InjectSoftwarePipeline(),
-        s_tir.transform.TransformMmaBufferLayout(),
-        s_tir.transform.LowerOpaqueBlock(),
-        tirx.transform.FlattenBuffer(),
-        tirx.transform.BF16ComputeLegalize(),
-        tirx.transform.NarrowDataType(32),
-        s_tir.transform.LoopPartition(),
-        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
-        s_tir.transform.InjectVirtualThread(),
-        s_tir.transform.InjectDoubleBuffer(),
-    ]
-    if not bool(config.get("tirx.disable_storage_rewrite", False)):
-        passes.append(tirx.transform.StorageRewrite())
-    if config.get("tirx.use_async_copy", False):
-        passes.append(s_tir.transform.LowerAsyncDMA())
-    passes += [
-        s_tir.transform.HoistIfThenElse(),
-        tirx.transform.UnrollLoop(),
-        s_tir.transform.RenormalizeSplitPattern(),
-        tirx.transform.StmtSimplify(),
-        tirx.transform.RemoveNoOp(),
-        s_tir.transform.RewriteUnsafeSelect(),
-    ]
-    if bool(config.get("tirx.instrument_bound_checkers", False)):
-        passes.append(s_tir.transform.InstrumentBoundCheckers())
-    if bool(config.get("tirx.s_tir.ldg32", False)):
-        passes.append(s_tir.transform.InjectPTXLDG32(True))
-    if not bool(config.get("tirx.disable_cse_tir", False)):
-        passes.append(tirx.transform.CommonSubexprElim())
-    if bool(config.get("tirx.instrument_lwp", False)):
-        passes.append(s_tir.transform.InstrumentProfileIntrinsics())
-    passes += [
-        tirx.transform.FP8ComputeLegalize(),
-        s_tir.transform.VerifyVTCMLimit(),
-        s_tir.transform.LowerVtcmAlloc(),
-        tirx.transform.VerifyMemory(),
-        tirx.transform.AnnotateEntryFunc(),
-        s_tir.transform.ThreadSync("shared"),
-        s_tir.transform.ThreadSync("shared.dyn"),
-        s_tir.transform.ThreadSync("warp"),
-        s_tir.transform.InferFragment(),
-        s_tir.transform.LowerThreadAllreduce(),
-    ]
-    if bool(config.get("tirx.use_async_copy", False)):
-        passes.append(s_tir.transform.InjectPTXAsyncCopy())
-    if bool(config.get("tirx.s_tir.ldg32", False)):
-        passes.append(s_tir.transform.InjectPTXLDG32())
-    passes += [
-        s_tir.transform.MergeSharedMemoryAllocations(),
-        tirx.transform.SplitHostDevice(),
-        tirx.transform.MakePackedAPI(),
-        tirx.transform.FP8StorageLegalize(),
-        tirx.transform.BF16StorageLegalize(),
-    ]
-    return passes
-
-
 def prelowered_passes(config=None, skipped=SKIPPED) -> list:
     """TVM's s_tir list for a module with prelowered functions: each pass in ``skipped`` runs on
     the other functions only; every other pass runs on the whole module, as in TVM's pipeline."""
     config = tvm.transform.PassContext.current().config if config is None else config
-    return [_on_others(p) if p.info.name in skipped else p for p in _s_tir_passes(config)]
+    return [_on_others(p) if p.info.name in skipped else p for p in s_tir_passes(config)]
 
 
 def is_prelowered(func) -> bool:
