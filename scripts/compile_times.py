@@ -80,10 +80,11 @@ def measure(name: str, target: str, timeout: float, build: bool = False) -> dict
     return json.loads(lines[-1])
 
 
-def _total(r: dict, system: str) -> str:
+def _total(r: dict, system: str) -> float | None:
+    """Seconds of ``system``'s pipeline and build, or None when the build was not timed."""
     if f"{system}_build_s" not in r:
-        return "-"
-    return f"{r[f'{system}_s'] + r[f'{system}_build_s']:.1f}"
+        return None
+    return r[f"{system}_s"] + r[f"{system}_build_s"]
 
 
 def table(rows: list) -> str:
@@ -95,14 +96,13 @@ def table(rows: list) -> str:
         if "error" in r:
             out.append(f"| {r['model']} | {r['error']} | | | | | | | |")
             continue
-        built = "rammer_build_s" in r
-        ratio = (f"{(r['rammer_s'] + r['rammer_build_s']) / (r['default_s'] + r['default_build_s']):.2f}"
-                 if built else "-")
+        ours, theirs = _total(r, "rammer"), _total(r, "default")
+        built = ours is not None and theirs is not None
+        totals = f"{ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}" if built else "- | - | -"
         top = sorted((p for p in r["phases"] if p[0] != "RammerBackend"), key=lambda p: -p[1])[:3]
         phases = ", ".join(f"{n.strip()} {s:.1f}" for n, s in top)
         out.append(f"| {r['model']} | {r['rammer_s']:.1f} | {r['default_s']:.1f} | "
-                   f"{r['rammer_s'] / max(r['default_s'], 1e-9):.2f} | {_total(r, 'rammer')} | "
-                   f"{_total(r, 'default')} | {ratio} | {r['launches']} "
+                   f"{r['rammer_s'] / max(r['default_s'], 1e-9):.2f} | {totals} | {r['launches']} "
                    f"({r['default_launches']}) | {phases} |")
     return "\n".join(out)
 

@@ -147,10 +147,11 @@ def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRM
     them must never cost more launches than turning tvm-rammer off."""
     plain = plain_target(target)
     ours = count_launches(lowered)
-    if ours <= default_launches_at_least(mod, plain):
-        return lowered  # no need to build TVM's whole default lowering to know
+    fused, rest = default_fused(mod, plain)
+    if ours <= default_launches_at_least(fused):
+        return lowered  # no need to finish TVM's default lowering to know
     with plain:
-        default = tvm.transform.Sequential(default_passes(plain))(mod)
+        default = tvm.transform.Sequential(rest)(fused)
     theirs = count_launches(default)
     if ours <= theirs:
         return lowered
@@ -173,15 +174,21 @@ def default_passes(target: tvm.target.Target) -> list:
             *cuda_backend.dataflow_lower_passes(target), *cuda_backend.finalize_passes(target)]
 
 
-def default_launches_at_least(mod: tvm.IRModule, target: tvm.target.Target) -> int:
-    """A lower bound on the launches of TVM's default lowering of ``mod``, from its fused operators
-    before dlight: every call of a fused PrimFunc is at least one kernel, except those that only
-    reshape (``RewriteDataflowReshape`` may make them views). dlight only schedules a PrimFunc and
-    the VM lowering after it removes no kernel, so the default launches at least this many."""
+def default_fused(mod: tvm.IRModule, target: tvm.target.Target) -> tuple:
+    """``(fused, rest)``: ``mod`` through :func:`default_passes` up to ``FuseTIR`` (its fused
+    operators, before dlight), and the passes that finish TVM's default lowering from there."""
     passes = default_passes(target)
-    names = [p.info.name for p in passes]
+    cut = [p.info.name for p in passes].index("FuseTIR") + 1
     with target:
-        fused = tvm.transform.Sequential(passes[: names.index("FuseTIR") + 1])(mod)
+        return tvm.transform.Sequential(passes[:cut])(mod), passes[cut:]
+
+
+def default_launches_at_least(fused: tvm.IRModule) -> int:
+    """A lower bound on the launches of TVM's default lowering, from its fused operators before
+    dlight (:func:`default_fused`): every call of a fused PrimFunc is at least one kernel, except
+    those that only reshape (``RewriteDataflowReshape`` may make them views). dlight only schedules
+    a PrimFunc and the VM lowering after it removes no kernel, so the default launches at least
+    this many."""
     reshapes = 0
 
     def visit(call):

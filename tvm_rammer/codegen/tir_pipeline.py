@@ -59,8 +59,9 @@ def _on_others(pass_):
         if not pre:
             return pass_(mod)
         rest = {gv: f for gv, f in mod.functions_items() if gv not in pre}
-        out = pass_(tvm.IRModule(rest, attrs=mod.attrs, global_infos=mod.global_infos)) if rest \
-            else tvm.IRModule({}, attrs=mod.attrs, global_infos=mod.global_infos)
+        if not rest:
+            return mod
+        out = pass_(tvm.IRModule(rest, attrs=mod.attrs, global_infos=mod.global_infos))
         out.update(tvm.IRModule(pre))
         return out
 
