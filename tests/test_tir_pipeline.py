@@ -1,5 +1,6 @@
-"""tvm.compile's TIR lowering: persistent kernels skip only the passes prelower already ran, with the
-same lowered code as TVM's own pipeline; every other function gets TVM's pipeline unchanged."""
+"""tvm.compile's TIR lowering: persistent kernels skip passes prelower already ran. Skipping those in
+SKIPPED gives the TIR TVM's pipeline makes; skipping REDONE_BY_NVCC as well changes the TIR but not
+the SASS nvcc makes of it. Every other function gets TVM's pipeline unchanged."""
 
 import pytest
 import tvm
@@ -58,13 +59,51 @@ def test_the_default_tir_pipeline_is_the_prelowered_aware_one():
     assert compilation_pipeline.PIPELINE_MAP["s_tir"] is factory
 
 
-def test_persistent_kernels_lower_to_the_same_code_as_with_tvms_pipeline(lowered):
+def test_the_skipped_passes_leave_persistent_kernels_as_tvms_pipeline_makes_them(lowered):
     persistent, _ = _split(lowered)
-    assert persistent, "the reduced SqueezeNet should become at least one rProgram"
+    assert persistent, "the reduced model should become at least one rProgram"
     mod, target = _bound(persistent)
     with target:
-        ours, theirs = _ours(mod), _tvm_s_tir(mod)
+        ours = tvm.transform.Sequential(tir_pipeline.prelowered_passes(
+            skipped=tir_pipeline.SKIPPED))(mod)
+        theirs = _tvm_s_tir(mod)
     tvm.ir.assert_structural_equal(ours, theirs)
+
+
+LOWERED = "rammer_test_lowered"  # build a lowered module: no TIR passes, TVM's finalisation
+
+
+def _build_lowered(tir, target):
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+
+    def factory(**kwargs):
+        _, host, device = default_s_tir_pipeline(**kwargs)
+        return tvm.transform.Sequential([]), host, device
+
+    if LOWERED not in compilation_pipeline.PIPELINE_MAP:
+        compilation_pipeline.register_tir_pipeline(LOWERED, factory)
+    return tvm.tirx.build(tir, target, pipeline=LOWERED)
+
+
+@pytest.mark.nvcc
+def test_the_passes_nvcc_redoes_do_not_change_the_sass(lowered):
+    """The persistent kernel lowered by TVM's whole pipeline and by ours compiles to the same SASS
+    (the listing without its header, which names the file)."""
+    from tir_templates.cuda_resources import compile_cuda_sass, sass_opcodes
+    from tvm_rammer.resources import module_cuda_source
+
+    persistent, _ = _split(lowered)
+    mod, target = _bound(persistent)
+    found = []
+    for lower_tir in (_ours, _tvm_s_tir):
+        with target:
+            tir = lower_tir(mod)
+        built = _build_lowered(tir, target)
+        resources, sass = compile_cuda_sass(module_cuda_source(built), "sm_90a")
+        found.append(([line for line in sass.splitlines() if "/*" in line],
+                      resources["registers"], resources.get("spills", 0)))
+    assert found[0] == found[1]
+    assert sum(sass_opcodes("\n".join(found[0][0])).values()) > 100  # a real kernel
 
 
 def test_ordinary_kernels_and_mixed_modules_get_tvms_pipeline(model, lowered):
@@ -77,6 +116,8 @@ def test_ordinary_kernels_and_mixed_modules_get_tvms_pipeline(model, lowered):
     assert sorted(gv.name_hint for gv in ours.get_global_vars()) == \
         sorted(gv.name_hint for gv in theirs.get_global_vars())
     for gv in theirs.get_global_vars():
+        if gv.name_hint.startswith(tuple(g.name_hint for g in persistent)):
+            continue  # a persistent kernel or its device part: the tests above
         tvm.ir.assert_structural_equal(ours[gv.name_hint], theirs[gv])
 
 
@@ -85,4 +126,6 @@ def test_the_prelowered_list_is_tvms_list_with_the_skipped_passes_restricted():
         ours = tir_pipeline.prelowered_passes()
         full = [p.info.name for p in s_tir_passes({})]
     assert [p.info.name for p in ours] == full  # same passes, same order
-    assert tir_pipeline.SKIPPED <= set(full)  # every skipped name is a pass TVM's list has
+    skipped = tir_pipeline.SKIPPED | tir_pipeline.REDONE_BY_NVCC
+    assert skipped <= set(full)  # every skipped name is a pass TVM's list has
+    assert not tir_pipeline.SKIPPED & tir_pipeline.REDONE_BY_NVCC

@@ -4,17 +4,27 @@
 ``tir_pipeline="default"`` names). A persistent kernel is made of rKernel bodies that
 ``tir_templates.prelower`` has already taken through that pipeline's prefix, one kernel at a time,
 and our own glue (the dispatch loop, waits and flat buffer views), written in lowered form. Running
-the prefix again over the whole persistent kernel changes nothing in its code but costs seconds to
-minutes: ``s_tir.CompactBufferAllocation`` re-derives the region of every local array from every
-access under the whole kernel's conditions (29.8 s of SqueezeNet's 34 s ``tvm.compile``; TVM's default
-pipeline takes 2.4 s for the model).
+the whole pipeline again over the persistent kernel costs seconds to minutes and buys nothing:
+
+- :data:`SKIPPED`: passes whose second run changes nothing at all. ``s_tir.CompactBufferAllocation``
+  re-derives the region of every local array from every access under the whole kernel's conditions
+  (29.8 s of SqueezeNet's 34 s ``tvm.compile``; TVM's default pipeline takes 2.4 s for the model).
+- :data:`REDONE_BY_NVCC`: optimisations that already ran on every body and whose second run over the
+  assembled kernel rewrites its TIR (simplified and shared index expressions, renamed variables)
+  but not the machine code: nvcc's own optimiser does that work again, and on every zoo model the
+  persistent kernel's SASS is the same either way (``scripts/relower_check.py`` compares the
+  listings, and on a GPU the outputs and latencies; ``benchmarks/results/relower-2026-11-23.json``).
+  ``s_tir.HoistIfThenElse`` and ``s_tir.RenormalizeSplitPattern`` are not among them: skipping them
+  changes the SASS of some models (NASNet's kernel: 16 instructions and 28 spill bytes fewer without
+  the hoisting; ResNeXt-29's: 16 instructions and 24 spill bytes more without the renormalisation),
+  which only a GPU can say is as fast.
 
 :func:`install` registers, in TVM's TIR pipeline registry, a ``"s_tir"`` pipeline that runs TVM's own
-one, except that functions carrying :data:`PRELOWERED_ATTR` skip the passes in :data:`SKIPPED`,
-which ``prelower`` already ran on every body (:func:`prelowered_passes`);
-each of those passes runs on the other functions only. A module with no such function gets
-exactly TVM's pipeline. ``tests/test_tir_pipeline.py`` checks that the lowered module is the same
-either way.
+one, except that functions carrying :data:`PRELOWERED_ATTR` skip the passes in :data:`SKIPPED` and
+:data:`REDONE_BY_NVCC` (:func:`prelowered_passes`); each of those passes runs on the other functions
+only. A module with no such function gets exactly TVM's pipeline. ``tests/test_tir_pipeline.py``
+checks that skipping :data:`SKIPPED` gives TVM's TIR, that every other function is lowered as by
+TVM, and that the persistent kernels' SASS is the same as with TVM's whole pipeline.
 """
 from __future__ import annotations
 
@@ -28,18 +38,25 @@ PRELOWERED_ATTR = "rammer.prelowered"
 _NAME = "s_tir"
 _MARK = "_rammer_prelowered_aware"
 
-# Passes of TVM's s_tir pipeline that a persistent kernel skips: each ran on every rKernel body in
-# tir_templates.prelower, and the glue around the bodies is written flat and simplified already.
-# Chosen by comparing the lowered kernels (tests/test_tir_pipeline.py): skipping HoistIfThenElse
-# as well changes what CommonSubexprElim later binds, so it stays.
+# Passes of TVM's s_tir pipeline whose second run leaves a persistent kernel as it is: each ran on
+# every rKernel body in tir_templates.prelower, and the glue around the bodies is written flat and
+# simplified already (tests/test_tir_pipeline.py compares the lowered kernels).
 SKIPPED = frozenset({
     "s_tir.CompactBufferAllocation",
     "s_tir.StmtSimplify",
     "tirx.RemoveNoOp",
 })
 
+# Optimisations that ran on every body in prelower and change the assembled kernel's TIR but not
+# its SASS (the same listing on every zoo model: benchmarks/results/relower-2026-11-23.json, from
+# scripts/relower_check.py; tests/test_tir_pipeline.py on reduced models).
+REDONE_BY_NVCC = frozenset({
+    "tirx.StmtSimplify",
+    "tirx.CommonSubexprElim",
+})
 
-def prelowered_passes(config=None, skipped=SKIPPED) -> list:
+
+def prelowered_passes(config=None, skipped=SKIPPED | REDONE_BY_NVCC) -> list:
     """TVM's s_tir list for a module with prelowered functions: each pass in ``skipped`` runs on
     the other functions only; every other pass runs on the whole module, as in TVM's pipeline."""
     config = tvm.transform.PassContext.current().config if config is None else config
