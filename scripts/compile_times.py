@@ -3,16 +3,20 @@
     python3 scripts/compile_times.py                      # every Table-1 and IOS model, full size
     python3 scripts/compile_times.py lstm_tc nasnet_cifar --out times.json
     python3 scripts/compile_times.py --build --no-build deepspeech2   # tvm.compile's build too
+    python3 scripts/compile_times.py --build --nvcc googlenet         # and nvcc of its CUDA source
 
 Each model is compiled in a fresh Python process, one model at a time (side-by-side jobs would
 distort each other's times): the ONNX model is imported, then lowered by the rammer pipeline
 (``RammerConfig(profile=False)``: nothing measured, no database read, as on a machine without a GPU)
 under the phase timer of ``--timings`` (``tvm_rammer.timings.PipelineProgress``), then by TVM's
 default CUDA pipeline: the Relax pipelines (what ``tvm-rammer inspect`` runs). With ``--build``,
-each lowered module is then built as ``tvm.compile`` builds it (TIR lowering, CUDA code generation,
-nvcc): the "with build" columns are what a user waits for in ``tvm.compile``. One JSON line per
-model, then a Markdown table: seconds of each pipeline, their ratio, and the three largest steps of
-the rammer one (the back end's own phases in place of the back end as a whole).
+each lowered module is then built as ``tvm.compile`` builds it (TIR lowering, CUDA and host code
+generation): the "with build" columns are what a user waits for in ``tvm.compile`` on a machine
+without a GPU, where TVM keeps the CUDA source. On a GPU host ``tvm.compile`` also compiles that
+source (NVRTC, or nvcc with ``TVM_CUDA_COMPILE_MODE=nvcc``); ``--nvcc`` times nvcc on it here.
+One JSON line per model, then a Markdown table: seconds of each pipeline, their ratio, and the
+three largest steps of the rammer one (the back end's own phases in place of the back end as a
+whole).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from tvm_rammer.launches import count_launches
 from tvm_rammer.models import get_model
 from tvm_rammer.timings import PipelineProgress
 
-name, target, build = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+name, target, build, nvcc = sys.argv[1], sys.argv[2], sys.argv[3] != "0", sys.argv[3] == "2"
 start = time.perf_counter()
 mod = import_onnx(get_model(name))
 import_s = time.perf_counter() - start
@@ -52,23 +56,32 @@ row = {"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s
        "default_s": round(default_s, 2), "launches": count_launches(ours),
        "default_launches": count_launches(theirs),
        "phases": [[n, round(s, 2)] for n, s in steps]}
-if build:  # what tvm.compile adds: TIR lowering, CUDA codegen and nvcc of the lowered module
+if build:  # what tvm.compile adds: TIR lowering, CUDA and host codegen (no CUDA compile without a GPU)
     from tvm_rammer.runner import resolve_target
     from tvm_rammer.target import plain_target
     rammer = resolve_target(target)
     for key, lowered, tgt in (("rammer_build_s", ours, rammer), ("default_build_s", theirs,
                                                                  plain_target(rammer))):
         start = time.perf_counter()
-        tvm.compile(lowered, target=tgt, relax_pipeline=None)
+        ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
         row[key] = round(time.perf_counter() - start, 2)
+        if nvcc:  # what a GPU host adds: the CUDA source compiled (nvcc for sm_90a, as TVM's nvcc mode)
+            from tir_templates.cuda_resources import compile_cuda_resources
+            sources = [m.inspect_source() for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+            start = time.perf_counter()
+            for source in sources:
+                compile_cuda_resources(str(source), "sm_90a")
+            row[key.replace("build", "nvcc")] = round(time.perf_counter() - start, 2)
 print(json.dumps(row))
 """
 
 
-def measure(name: str, target: str, timeout: float, build: bool = False) -> dict:
+def measure(name: str, target: str, timeout: float, build: bool = False,
+            nvcc: bool = False) -> dict:
     """One model in a fresh interpreter; a failure or timeout becomes a row saying so."""
+    mode = "2" if nvcc else str(int(build))
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, name, target, str(int(build))],
+        done = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode],
                               capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
     except subprocess.TimeoutExpired:
@@ -104,6 +117,11 @@ def table(rows: list) -> str:
         out.append(f"| {r['model']} | {r['rammer_s']:.1f} | {r['default_s']:.1f} | "
                    f"{r['rammer_s'] / max(r['default_s'], 1e-9):.2f} | {totals} | {r['launches']} "
                    f"({r['default_launches']}) | {phases} |")
+    timed = [r for r in rows if "rammer_nvcc_s" in r]
+    if timed:
+        out += ["", "| model | nvcc of the built CUDA source: rammer s | default s |", "|---|---|---|"]
+        out += [f"| {r['model']} | {r['rammer_nvcc_s']:.1f} | {r['default_nvcc_s']:.1f} |"
+                for r in timed]
     return "\n".join(out)
 
 
@@ -114,16 +132,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     parser.add_argument("--build", action="store_true",
-                        help="also time what tvm.compile adds to each pipeline: TIR lowering, CUDA "
-                             "code generation and nvcc of the lowered module (needs nvcc)")
+                        help="also time what tvm.compile adds to each pipeline: TIR lowering and "
+                             "CUDA and host code generation of the lowered module")
+    parser.add_argument("--nvcc", action="store_true",
+                        help="with --build, also time nvcc compiling each built module's CUDA "
+                             "source for sm_90a (what a GPU host adds; needs nvcc)")
     parser.add_argument("--no-build", dest="no_build", nargs="*", default=[],
                         help="models to time without --build (e.g. one whose default build is "
                              "too long to wait for)")
     args = parser.parse_args()
     rows = []
     for name in args.models:
-        rows.append(measure(name, args.target, args.timeout,
-                            build=args.build and name not in args.no_build))
+        build = args.build and name not in args.no_build
+        rows.append(measure(name, args.target, args.timeout, build=build,
+                            nvcc=build and args.nvcc))
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -51,6 +51,9 @@ python3 -m tvm_rammer.cli run "$out/branches16.onnx" --profile-db "$profiles" --
   > "$out/branches16.json" 2> "$out/run.err"
 python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress --profile-db "$profiles" 2>&1 \
   | tee "$out/bench.log"
+# Persistent kernels lowered by TVM's whole TIR pipeline and by ours (tir_pipeline.REDONE_BY_NVCC
+# skipped): the same SASS is checked on CPU; here both builds run, compared and timed.
+python3 scripts/relower_check.py --reduced --out "$out/relower.json" 2>&1 | tee "$out/relower.log"
 
 echo
 echo "== summary ($(cat "$out/device.txt" 2>/dev/null), commit $(cut -c1-8 "$out/commit.txt" 2>/dev/null))"
