@@ -10,9 +10,10 @@ assembled kernel they rewrite its TIR, and nvcc's optimiser does that work anywa
 this builds the rammer pipeline's persistent kernels both ways: "tvm" (only SKIPPED left out, which
 gives TVM's own TIR: tests/test_tir_pipeline.py) and "ours", compiles each with nvcc for the
 target's arch, and records the build's seconds (TIR passes and CUDA codegen) and the SASS:
-instructions, registers, spill bytes and whether the two listings are the same. With a CUDA GPU it also builds the whole module both ways, runs both on the same random
-inputs and records their largest relative difference and median latencies (us), one model at a
-time. One JSON line per model, then a Markdown table.
+instructions, registers, spill bytes and whether the two listings are the same. With a CUDA GPU it
+also builds the whole module both ways, runs both on the same random inputs and records their
+largest relative difference and median latencies (us), one model at a time. One JSON line per
+model, then a Markdown table.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import hashlib
 import json
 import time
 
-import numpy as np
 import tvm
 from tvm.tirx import compilation_pipeline
 
@@ -146,5 +146,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()

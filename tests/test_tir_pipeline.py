@@ -1,6 +1,6 @@
-"""tvm.compile's TIR lowering: persistent kernels skip passes prelower already ran. Skipping those in
-SKIPPED gives the TIR TVM's pipeline makes; skipping REDONE_BY_NVCC as well changes the TIR but not
-the SASS nvcc makes of it. Every other function gets TVM's pipeline unchanged."""
+"""tvm.compile's TIR lowering: persistent kernels skip passes prelower already ran. Skipping those
+in SKIPPED gives the TIR TVM's pipeline makes; skipping REDONE_BY_NVCC as well changes the TIR but
+not the SASS nvcc makes of it. Every other function gets TVM's pipeline unchanged."""
 
 import pytest
 import tvm
