@@ -39,7 +39,7 @@ from tvm_rammer.launches import count_launches
 from tvm_rammer.models import get_model
 from tvm_rammer.timings import PipelineProgress
 
-name, target, build, nvcc = sys.argv[1], sys.argv[2], sys.argv[3] != "0", sys.argv[3] == "2"
+name, target, build, nvcc = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
 start = time.perf_counter()
 mod = import_onnx(get_model(name))
 import_s = time.perf_counter() - start
@@ -79,9 +79,9 @@ print(json.dumps(row))
 def measure(name: str, target: str, timeout: float, build: bool = False,
             nvcc: bool = False) -> dict:
     """One model in a fresh interpreter; a failure or timeout becomes a row saying so."""
-    mode = "2" if nvcc else str(int(build))
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode],
+        done = subprocess.run([sys.executable, "-c", _CHILD, name, target, str(int(build)),
+                               str(int(nvcc))],
                               capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
     except subprocess.TimeoutExpired:
