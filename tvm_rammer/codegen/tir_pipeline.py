@@ -14,10 +14,13 @@ the whole pipeline again over the persistent kernel costs seconds to minutes and
   but not the machine code: nvcc's own optimiser does that work again, and on every zoo model the
   persistent kernel's SASS is the same either way (``scripts/relower_check.py`` compares the
   listings, and on a GPU the outputs and latencies; ``benchmarks/results/relower-2026-11-23.json``).
-  ``s_tir.HoistIfThenElse`` and ``s_tir.RenormalizeSplitPattern`` are not among them: skipping them
-  changes the SASS of some models (NASNet's kernel: 16 instructions and 28 spill bytes fewer without
-  the hoisting; ResNeXt-29's: 16 instructions and 24 spill bytes more without the renormalisation),
-  which only a GPU can say is as fast.
+  ``s_tir.HoistIfThenElse`` is three steps (the hoisting, ``StmtSimplify``, ``RemoveNoOp``): its
+  ``RemoveNoOp`` is among them (named ``"s_tir.HoistIfThenElse/tirx.RemoveNoOp"``), its other steps
+  are not. Skipping its ``StmtSimplify``, or ``s_tir.RenormalizeSplitPattern``, changes the SASS of
+  some models (NASNet's kernel: 16 instructions and 28 spill bytes fewer without that simplify;
+  ResNeXt-29's: 16 instructions and 24 spill bytes more without the renormalisation), which only a
+  GPU can say is as fast; so does skipping the ``StmtSimplify`` of ``tvm.tirx.build``'s device
+  finalization (AlexNet's kernel).
 
 :func:`install` registers, in TVM's TIR pipeline registry, a ``"s_tir"`` pipeline that runs TVM's own
 one, except that functions carrying :data:`PRELOWERED_ATTR` skip the passes in :data:`SKIPPED` and
@@ -53,14 +56,31 @@ SKIPPED = frozenset({
 REDONE_BY_NVCC = frozenset({
     "tirx.StmtSimplify",
     "tirx.CommonSubexprElim",
+    "s_tir.HoistIfThenElse/tirx.RemoveNoOp",  # the last step of the hoisting pass
 })
 
 
 def prelowered_passes(config=None, skipped=SKIPPED | REDONE_BY_NVCC) -> list:
     """TVM's s_tir list for a module with prelowered functions: each pass in ``skipped`` runs on
-    the other functions only; every other pass runs on the whole module, as in TVM's pipeline."""
+    the other functions only; every other pass runs on the whole module, as in TVM's pipeline. A
+    step of one of TVM's composite passes is named ``"<pass>/<step>"`` (``s_tir.HoistIfThenElse``
+    is ``s_tir.InsertHoistIfThenElse``, ``s_tir.StmtSimplify`` and ``tirx.RemoveNoOp``)."""
     config = tvm.transform.PassContext.current().config if config is None else config
-    return [_on_others(p) if p.info.name in skipped else p for p in s_tir_passes(config)]
+    return [_restricted(p, skipped) for p in s_tir_passes(config)]
+
+
+def _restricted(pass_, skipped, parent: str = ""):
+    """``pass_`` with itself, or each of its steps named in ``skipped``, run on the functions that
+    are not prelowered only."""
+    name = f"{parent}/{pass_.info.name}" if parent else pass_.info.name
+    if name in skipped:
+        return _on_others(pass_)
+    if isinstance(pass_, tvm.transform.Sequential) and any(
+            f"{name}/{p.info.name}" in skipped for p in pass_.passes):
+        return tvm.transform.Sequential([_restricted(p, skipped, name) for p in pass_.passes],
+                                        opt_level=pass_.info.opt_level, name=pass_.info.name,
+                                        required=list(pass_.info.required))
+    return pass_
 
 
 def is_prelowered(func) -> bool:
