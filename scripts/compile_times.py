@@ -4,6 +4,7 @@
     python3 scripts/compile_times.py lstm_tc nasnet_cifar --out times.json
     python3 scripts/compile_times.py --build --no-build deepspeech2   # tvm.compile's build too
     python3 scripts/compile_times.py --build --nvcc googlenet         # and nvcc of its CUDA source
+    python3 scripts/compile_times.py --build --repeat 3 alexnet       # median of three runs
 
 Each model is compiled in a fresh Python process, one model at a time (side-by-side jobs would
 distort each other's times): the ONNX model is imported, then lowered by the rammer pipeline
@@ -14,15 +15,17 @@ each lowered module is then built as ``tvm.compile`` builds it (TIR lowering, CU
 generation): the "with build" columns are what a user waits for in ``tvm.compile`` on a machine
 without a GPU, where TVM keeps the CUDA source. On a GPU host ``tvm.compile`` also compiles that
 source (NVRTC, or nvcc with ``TVM_CUDA_COMPILE_MODE=nvcc``); ``--nvcc`` times nvcc on it here.
-One JSON line per model, then a Markdown table: seconds of each pipeline, their ratio, and the
-three largest steps of the rammer one (the back end's own phases in place of the back end as a
-whole).
+With ``--repeat N`` each model is timed N times (a fresh process each) and every time reported is
+the median of its N samples (all kept in the row). One JSON line per model, then a Markdown table:
+seconds of each pipeline, their ratio, and the three largest steps of the rammer one (the back
+end's own phases in place of the back end as a whole).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -93,6 +96,26 @@ def measure(name: str, target: str, timeout: float, build: bool = False,
     return json.loads(lines[-1])
 
 
+TIMED = ("rammer_s", "default_s", "rammer_build_s", "default_build_s", "rammer_nvcc_s",
+         "default_nvcc_s")
+
+
+def median_row(samples: list) -> dict:
+    """One row from the repetitions of a model: each time the median of its samples (all kept
+    under ``samples``), the phases of the repetition whose rammer pipeline took the median time."""
+    ok = [r for r in samples if "error" not in r]
+    if not ok:
+        return samples[-1]
+    middle = statistics.median_low(r["rammer_s"] for r in ok)
+    row = dict(next(r for r in ok if r["rammer_s"] == middle))
+    row["samples"] = {k: [r[k] for r in ok] for k in TIMED if k in row}
+    for key, values in row["samples"].items():
+        row[key] = round(statistics.median(values), 2)
+    if len(ok) < len(samples):
+        row["failed_repetitions"] = [r["error"] for r in samples if "error" in r]
+    return row
+
+
 def _total(r: dict, system: str) -> float | None:
     """Seconds of ``system``'s pipeline and build, or None when the build was not timed."""
     if f"{system}_build_s" not in r:
@@ -137,15 +160,22 @@ def main() -> None:
     parser.add_argument("--nvcc", action="store_true",
                         help="with --build, also time nvcc compiling each built module's CUDA "
                              "source for sm_90a (what a GPU host adds; needs nvcc)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="time each model this many times, each in a fresh process, and "
+                             "report the median (times under 2 s vary by 20-50%% on a 2-core "
+                             "machine)")
     parser.add_argument("--no-build", dest="no_build", nargs="*", default=[],
                         help="models to time without --build (e.g. one whose default build is "
                              "too long to wait for)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give at least 1")
     rows = []
     for name in args.models:
         build = args.build and name not in args.no_build
-        rows.append(measure(name, args.target, args.timeout, build=build,
-                            nvcc=build and args.nvcc))
+        rows.append(median_row([measure(name, args.target, args.timeout, build=build,
+                                        nvcc=build and args.nvcc)
+                                for _ in range(args.repeat)]))
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
