@@ -13,7 +13,8 @@ the whole pipeline again over the persistent kernel costs seconds to minutes and
   assembled kernel rewrites its TIR (simplified and shared index expressions, renamed variables)
   but not the machine code: nvcc's own optimiser does that work again, and on every zoo model the
   persistent kernel's SASS is the same either way (``scripts/relower_check.py`` compares the
-  listings, and on a GPU the outputs and latencies; ``benchmarks/results/relower-2026-11-23.json``).
+  listings, and on a GPU the outputs and latencies;
+  ``benchmarks/results/relower-2026-11-23-7d7a306.json``).
   ``s_tir.HoistIfThenElse`` is three steps (the hoisting, ``StmtSimplify``, ``RemoveNoOp``): its
   ``RemoveNoOp`` is among them (named ``"s_tir.HoistIfThenElse/tirx.RemoveNoOp"``), its other steps
   are not. Skipping its ``StmtSimplify``, or ``s_tir.RenormalizeSplitPattern``, changes the SASS of
