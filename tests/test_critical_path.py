@@ -2,7 +2,7 @@
 import pytest
 
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.critical_path import critical_path, rprogram_critical_paths
+from tvm_rammer.critical_path import critical_path, last_chain, rprogram_critical_paths
 from tvm_rammer.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 
@@ -32,6 +32,47 @@ def test_order_that_is_not_topological_is_rejected():
         critical_path([1, 0], {1: [0]}, {0: 1.0, 1: 1.0}, 0.8)
     with pytest.raises(ValueError, match="barrier_us"):
         critical_path([0], {}, {0: 1.0}, -1.0)
+
+
+def test_last_chain_splits_the_finish_into_rtasks_barriers_and_waiting():
+    # 0 -> 1, 2 alone; 1 is ready at 3 + 1 (barrier) but ends at 8 with 2 us of work: it waited 2 us
+    finish = {0: 3.0, 1: 8.0, 2: 5.0}
+    chain = last_chain(finish, {1: [0], 0: [9]}, {0: 3.0, 1: 2.0, 2: 5.0}, barrier_us=1.0)
+    assert chain.operators == (0, 1)  # predecessor 9 is not in this rProgram
+    assert (chain.rtask_us, chain.barrier_us, chain.waiting_us, chain.finish_us) == \
+        pytest.approx((5.0, 1.0, 2.0, 8.0))
+    # the predecessor that finished last is the one followed back
+    chain = last_chain({0: 1.0, 1: 6.0, 2: 9.0}, {2: [0, 1]}, {0: 1.0, 1: 6.0, 2: 1.0}, 0.5)
+    assert chain.operators == (1, 2) and chain.waiting_us == pytest.approx(1.5)
+    assert last_chain({}, {}, {}, 0.8).finish_us == 0.0
+    with pytest.raises(ValueError, match="barrier_us"):
+        last_chain({0: 1.0}, {}, {0: 1.0}, -1.0)
+
+
+def test_the_policys_timeline_splits_exactly_along_its_last_chain():
+    """On random DAGs the wavefront policy's finish times decompose with no remainder: every
+    operator of the chain waited >= 0 and the chain ends when the rProgram's timeline ends."""
+    import math
+
+    from test_policy import random_case
+    from tvm_rammer.policy import schedule
+
+    for seed in range(20):
+        graph, vdevice, config = random_case(seed)
+        for plan in schedule(graph, vdevice, config):
+            op_us = {op: k.time_us * math.ceil(k.num_rtasks / plan.num_veus)
+                     for op, k in plan.kernels(graph).items()}
+            chain = last_chain(plan.op_finish, graph.preds, op_us, config.cost.barrier_us)
+            assert set(plan.op_finish) == set(plan.ops)
+            assert chain.finish_us == pytest.approx(max(plan.op_finish.values()))
+            assert chain.rtask_us + chain.barrier_us + chain.waiting_us == \
+                pytest.approx(chain.finish_us)
+            assert chain.waiting_us >= -1e-9
+            ready = 0.0
+            for k, op in enumerate(chain.operators):  # each operator waited >= 0 on its own
+                if k:
+                    ready = plan.op_finish[chain.operators[k - 1]] + config.cost.barrier_us
+                assert plan.op_finish[op] - op_us[op] - ready >= -1e-9
 
 
 def report(kernel, ops, num_veus=4):

@@ -327,6 +327,11 @@ def test_policy_table_runs_every_policy_through_the_checker_on_a_reduced_model()
         assert row["operators"] == len(inputs["op_graph"].ops) > 0
         assert row["rprograms"] >= 1 and row["launches"] == row["rprograms"] + inputs["ordinary"]
         assert math.isfinite(row["predicted_us"]) and row["predicted_us"] > 0
+        chain = row["last_chain"]  # the chain ending last, within the predicted time
+        assert chain["operators"] >= 1 and chain["waiting_us"] >= 0
+        assert 0 < chain["rtask_us"] + chain["barrier_us"] + chain["waiting_us"] <= row["predicted_us"]
     table = format_markdown({"squeezenet (reduced)": rows})
     assert table.splitlines()[2].startswith("| squeezenet (reduced) |")
+    assert table.splitlines()[-1].startswith("| squeezenet (reduced) |")
+    assert compare_policies(inputs, ["opara"]).keys() == {"opara"}
 

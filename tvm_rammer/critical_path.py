@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-__all__ = ["CriticalPath", "critical_path", "rprogram_critical_paths"]
+__all__ = ["CriticalPath", "LastChain", "critical_path", "last_chain", "rprogram_critical_paths"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,50 @@ def critical_path(order: Sequence[int], preds: Mapping[int, Sequence[int]],
     while via[path[-1]] is not None:
         path.append(via[path[-1]])
     return CriticalPath(tuple(reversed(path)), finish[last])
+
+
+@dataclass(frozen=True)
+class LastChain:
+    """Where the time of a placed rProgram goes along the chain that ends last.
+
+    ``finish_us`` (when the last operator ends, from the rProgram's start) is exactly
+    ``rtask_us + barrier_us + waiting_us``: the chain's rounds of rTasks, one barrier wait per
+    dependency, and the time its operators, once ready, waited for vEUs busy with other rTasks."""
+
+    operators: tuple
+    rtask_us: float
+    barrier_us: float
+    waiting_us: float
+    finish_us: float
+
+
+def last_chain(finish: Mapping[int, float], preds: Mapping[int, Sequence[int]],
+               op_us: Mapping[int, float], barrier_us: float) -> LastChain:
+    """The chain through a placed schedule that ends last: from the operator that finishes last,
+    back through the predecessor that finished last (the one it waited for), to an operator with
+    no predecessor among ``finish``. ``finish``: op -> when its last rTask ends (the policy's
+    ``RProgramPlan.op_finish``); ``op_us``: its rounds of rTasks (time per rTask x rounds), as in
+    :func:`critical_path`. An operator is ready ``barrier_us`` after its last predecessor
+    finished (at 0 without one); what it finished later than ready + ``op_us`` it waited."""
+    if barrier_us < 0:
+        raise ValueError(f"barrier_us={barrier_us} must be >= 0")
+    if not finish:
+        return LastChain((), 0.0, 0.0, 0.0, 0.0)
+    op = max(finish, key=lambda o: (finish[o], -o))
+    chain = [op]
+    while True:
+        inside = [p for p in preds.get(chain[-1], ()) if p in finish]
+        if not inside:
+            break
+        chain.append(max(inside, key=lambda o: (finish[o], -o)))
+    chain.reverse()
+    waiting, ready = 0.0, 0.0
+    for k, o in enumerate(chain):
+        if k:
+            ready = finish[chain[k - 1]] + barrier_us
+        waiting += finish[o] - op_us[o] - ready
+    rtask = sum(op_us[o] for o in chain)
+    return LastChain(tuple(chain), rtask, barrier_us * (len(chain) - 1), waiting, finish[op])
 
 
 def _program_index(report: dict) -> int:

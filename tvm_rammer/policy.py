@@ -200,6 +200,8 @@ class RProgramPlan:
         veus_per_sm, num_veus: the vDevice shape (vEUs sized by the widest selected rTask).
         predicted_us: profiled time when ``profiled``, else the analytical time.
         waves: the waves (or wave chunks) merged into this rProgram.
+        op_finish: op uid -> when its last rTask ends in the policy's analytical timeline (us from
+            the rProgram's start; ``critical_path.last_chain`` reads it).
     """
 
     program: RProgram
@@ -211,6 +213,7 @@ class RProgramPlan:
     predicted_us: float
     profiled: bool = False
     waves: list[list[int]] = field(default_factory=list)
+    op_finish: dict[int, float] = field(default_factory=dict)
 
     def kernels(self, graph: OpGraph) -> dict[int, RKernel]:
         """op uid -> selected rKernel."""
@@ -395,6 +398,7 @@ def materialize(plan: PartialPlan, graph: OpGraph, config: PolicyConfig, profile
         num_veus=plan.num_veus,
         predicted_us=analytic,
         waves=[list(w) for w in plan.waves],
+        op_finish=dict(plan.op_finish),
     )
     measured = profile(result) if profile is not None else None
     if measured is not None:

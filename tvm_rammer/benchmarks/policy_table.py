@@ -1,6 +1,7 @@
 """Predicted times of the scheduling policies side by side, on the CPU (no GPU needed).
 
-``python -m tvm_rammer.benchmarks.policy_table [--reduced[=MODEL,...]] [--out FILE.json] [MODEL ...]``
+``python -m tvm_rammer.benchmarks.policy_table [--reduced[=MODEL,...]] [--policies NAME,...]
+[--out FILE.json] [MODEL ...]``
 
 For each model: the rammer pipeline up to the back end (import, SplitToSlices, legalisation,
 fusion, dlight), then the back end's rOperators and policy input (``backend.collect_operators``,
@@ -9,13 +10,17 @@ input. Each policy's rPrograms go through the invariant checker (``RProgram.vali
 are counted. Reported per policy: the sum of the rPrograms' ``predicted_us`` (the analytical model
 with ``RammerConfig(profile=False)``: launch, barriers, grid sync and per-rTask times), the number
 of rPrograms, the kernel launches per inference (rPrograms plus the operators left as TVM's default
-kernels, the same for every policy), the rTasks and barrier-rTasks, and the seconds the policy took.
+kernels, the same for every policy), the rTasks and barrier-rTasks, the seconds the policy took,
+and where the time of the chain that ends last goes (``critical_path.last_chain``, summed over the
+rPrograms): its rounds of rTasks, its barrier waits, and the time its operators, once ready, waited
+for vEUs busy with other rTasks (what a better placement could win back).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -76,8 +81,26 @@ def compare_policies(inputs: dict, policies=None) -> dict:
                       "launches": len(plans) + inputs["ordinary"],
                       "rtasks": sum(p.program.num_rtasks for p in plans),
                       "barriers": sum(p.program.num_barriers for p in plans),
-                      "operators": len(graph.ops), "policy_s": seconds}
+                      "operators": len(graph.ops), "policy_s": seconds,
+                      "last_chain": _last_chains(plans, graph, config)}
     return rows
+
+
+def _last_chains(plans, graph, config) -> dict:
+    """The last-ending chain of each rProgram (``critical_path.last_chain``), summed over the
+    rPrograms (they run one after another): operators, rTask rounds, barrier waits and the time
+    its operators waited for a vEU, in us."""
+    from ..critical_path import last_chain
+
+    total = {"operators": 0, "rtask_us": 0.0, "barrier_us": 0.0, "waiting_us": 0.0}
+    for plan in plans:
+        op_us = {op: k.time_us * math.ceil(k.num_rtasks / plan.num_veus)
+                 for op, k in plan.kernels(graph).items()}
+        chain = last_chain(plan.op_finish, graph.preds, op_us, config.cost.barrier_us)
+        total["operators"] += len(chain.operators)
+        for key in ("rtask_us", "barrier_us", "waiting_us"):
+            total[key] += getattr(chain, key)
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in total.items()}
 
 
 def format_markdown(results: dict) -> str:
@@ -92,6 +115,16 @@ def format_markdown(results: dict) -> str:
                  for p in policies]
         seconds = " / ".join(f"{rows[p]['policy_s']:.1f}" for p in policies)
         lines.append(f"| {model} | {first['operators']} | " + " | ".join(cells) + f" | {seconds} |")
+    lines += ["", "| model | " + " | ".join(
+        f"{p}: last chain ops, rTask + barrier + waiting us" for p in policies) + " |",
+        "|" + "---|" * (len(policies) + 1)]
+    for model, rows in results.items():
+        cells = []
+        for p in policies:
+            c = rows[p]["last_chain"]
+            cells.append(f"{c['operators']}, {c['rtask_us']:.1f} + {c['barrier_us']:.1f} + "
+                         f"{c['waiting_us']:.1f}")
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -103,14 +136,23 @@ def main(argv=None) -> int:
                              "(comma-separated), or for all when none is named")
     parser.add_argument("--target", default="rammer/nvidia-h100")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--policies", default=None, metavar="NAME,...",
+                        help="only these policies (comma-separated; default: all of "
+                             "tvm_rammer.policies)")
     args = parser.parse_args(argv)
+    from ..policies import POLICIES
+
+    policies = args.policies.split(",") if args.policies else None
+    unknown = [p for p in policies or () if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     results = {}
     for model in args.models:
         reduced = args.reduced == "*" or model in args.reduced.split(",")
         start = time.perf_counter()
         inputs = policy_input(model, args.target, reduced=reduced)
         label = f"{model} (reduced)" if reduced else model
-        results[label] = compare_policies(inputs)
+        results[label] = compare_policies(inputs, policies)
         print(f"{label}: {time.perf_counter() - start:.0f} s "
               + json.dumps({p: round(r["predicted_us"], 1) for p, r in results[label].items()}),
               file=sys.stderr, flush=True)
