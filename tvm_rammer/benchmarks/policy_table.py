@@ -100,7 +100,7 @@ def _last_chains(plans, graph, config) -> dict:
         total["operators"] += len(chain.operators)
         for key in ("rtask_us", "barrier_us", "waiting_us"):
             total[key] += getattr(chain, key)
-    return {k: round(v, 1) if isinstance(v, float) else v for k, v in total.items()}
+    return {k: round(v, 1) + 0.0 if isinstance(v, float) else v for k, v in total.items()}
 
 
 def format_markdown(results: dict) -> str:
