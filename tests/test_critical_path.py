@@ -2,7 +2,8 @@
 import pytest
 
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.critical_path import critical_path, last_chain, rprogram_critical_paths
+from tvm_rammer.critical_path import (critical_path, last_chain, rounds_us,
+                                      rprogram_critical_paths)
 from tvm_rammer.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 
@@ -52,15 +53,13 @@ def test_last_chain_splits_the_finish_into_rtasks_barriers_and_waiting():
 def test_the_policys_timeline_splits_exactly_along_its_last_chain():
     """On random DAGs the wavefront policy's finish times decompose with no remainder: every
     operator of the chain waited >= 0 and the chain ends when the rProgram's timeline ends."""
-    import math
-
     from test_policy import random_case
     from tvm_rammer.policy import schedule
 
     for seed in range(20):
         graph, vdevice, config = random_case(seed)
         for plan in schedule(graph, vdevice, config):
-            op_us = {op: k.time_us * math.ceil(k.num_rtasks / plan.num_veus)
+            op_us = {op: rounds_us(k.time_us, k.num_rtasks, plan.num_veus)
                      for op, k in plan.kernels(graph).items()}
             chain = last_chain(plan.op_finish, graph.preds, op_us, config.cost.barrier_us)
             assert set(plan.op_finish) == set(plan.ops)

@@ -21,7 +21,13 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-__all__ = ["CriticalPath", "LastChain", "critical_path", "last_chain", "rprogram_critical_paths"]
+__all__ = ["CriticalPath", "LastChain", "critical_path", "last_chain", "rounds_us",
+           "rprogram_critical_paths"]
+
+
+def rounds_us(time_us_per_rtask: float, rtasks: int, num_veus: int) -> float:
+    """What one operator costs on a chain: its rounds of rTasks on ``num_veus`` vEUs."""
+    return time_us_per_rtask * math.ceil(rtasks / max(1, num_veus))
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ def last_chain(finish: Mapping[int, float], preds: Mapping[int, Sequence[int]],
     """The chain through a placed schedule that ends last: from the operator that finishes last,
     back through the predecessor that finished last (the one it waited for), to an operator with
     no predecessor among ``finish``. ``finish``: op -> when its last rTask ends (the policy's
-    ``RProgramPlan.op_finish``); ``op_us``: its rounds of rTasks (time per rTask x rounds), as in
+    ``RProgramPlan.op_finish``); ``op_us``: its rounds of rTasks (:func:`rounds_us`), as in
     :func:`critical_path`. An operator is ready ``barrier_us`` after its last predecessor
     finished (at 0 without one); what it finished later than ready + ``op_us`` it waited."""
     if barrier_us < 0:
@@ -137,7 +143,7 @@ def rprogram_critical_paths(reports: Sequence[dict], operators: Sequence[tuple],
         if any(name != e["name"] for (_, name, _), e in zip(mine, entries)):
             return None
         veus = max(1, int(report["num_veus"]))
-        op_us = {uid: e["time_us_per_rtask"] * math.ceil(e["rtasks"] / veus)
+        op_us = {uid: rounds_us(e["time_us_per_rtask"], e["rtasks"], veus)
                  for (uid, _, _), e in zip(mine, entries)}
         preds = {uid: list(p) for uid, _, p in mine}
         names = {uid: name for uid, name, _ in mine}

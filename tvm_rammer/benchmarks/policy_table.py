@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
@@ -90,16 +89,17 @@ def _last_chains(plans, graph, config) -> dict:
     """The last-ending chain of each rProgram (``critical_path.last_chain``), summed over the
     rPrograms (they run one after another): operators, rTask rounds, barrier waits and the time
     its operators waited for a vEU, in us."""
-    from ..critical_path import last_chain
+    from ..critical_path import last_chain, rounds_us
 
     total = {"operators": 0, "rtask_us": 0.0, "barrier_us": 0.0, "waiting_us": 0.0}
     for plan in plans:
-        op_us = {op: k.time_us * math.ceil(k.num_rtasks / plan.num_veus)
+        op_us = {op: rounds_us(k.time_us, k.num_rtasks, plan.num_veus)
                  for op, k in plan.kernels(graph).items()}
         chain = last_chain(plan.op_finish, graph.preds, op_us, config.cost.barrier_us)
         total["operators"] += len(chain.operators)
         for key in ("rtask_us", "barrier_us", "waiting_us"):
             total[key] += getattr(chain, key)
+    # + 0.0: a sum that rounds to -0.0 prints as 0.0
     return {k: round(v, 1) + 0.0 if isinstance(v, float) else v for k, v in total.items()}
 
 

@@ -52,8 +52,8 @@ SKIPPED = frozenset({
 })
 
 # Optimisations that ran on every body in prelower and change the assembled kernel's TIR but not
-# its SASS (the same listing on every zoo model: benchmarks/results/relower-2026-11-23.json, from
-# scripts/relower_check.py; tests/test_tir_pipeline.py on reduced models).
+# its SASS (the same listing on every zoo model: benchmarks/results/relower-2026-11-23-7d7a306.json,
+# from scripts/relower_check.py; tests/test_tir_pipeline.py on reduced models).
 REDONE_BY_NVCC = frozenset({
     "tirx.StmtSimplify",
     "tirx.CommonSubexprElim",
