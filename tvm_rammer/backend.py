@@ -222,18 +222,20 @@ def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, v
     candidates = _candidates(graph, mod, target, config, profiler, skipped)
     profiler.prepare(_jobs(candidates))
     built, ops = {}, {}
+    resident = rkernels.resident_inputs(graph, rkernels.cost_config(config, vdevice).l2_resident_bytes)
     for node in graph.nodes:
         if node.kind == "alias" or node.index in skipped:
             continue
         cand = candidates[node.gvar.name_hint]
-        if cand.name not in built:
+        key = (cand.name, resident.get(node.index, ()))  # the same kernel, its weights in L2 or not
+        if key not in built:
             try:
-                built[cand.name] = rkernels.operator_versions(
+                built[key] = rkernels.operator_versions(
                     node.index, cand.name, mod[node.gvar], cand.versions, config, vdevice, profiler,
-                    reference_key=cand.reference_key)
+                    reference_key=cand.reference_key, resident=key[1])
             except UnsupportedKernel as err:
-                built[cand.name] = str(err)
-        op = built[cand.name]
+                built[key] = str(err)
+        op = built[key]
         if isinstance(op, str):
             skipped[node.index] = op
             continue

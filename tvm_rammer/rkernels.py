@@ -57,10 +57,60 @@ def _tensor_bytes(param) -> int:
     return math.prod(int(d) for d in ty.shape) * tvm.runtime.DataType(str(ty.dtype)).bits // 8
 
 
+def _accessed_boxes(func: tvm.tirx.PrimFunc) -> dict:
+    """param -> per-dimension ``(lo, hi)`` bounding box of every region the PrimFunc's blocks read
+    or write in it, each region relaxed over its block's iteration domain; None for a parameter
+    whose regions cannot be bounded by constants (or that no block names)."""
+    import tvm_ffi
+    from tvm import s_tir, sym
+
+    boxes = {p: None for p in func.params}
+    unbounded = set()
+    blocks = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, blocks.append)])
+    analyzer = sym.Analyzer()
+    for block in blocks:
+        dom = {iv.var: sym.IntervalSet(iv.dom.min, iv.dom.min + iv.dom.extent - 1)
+               for iv in block.iter_vars}
+        for region in [*block.reads, *block.writes]:
+            param = region.source
+            if param not in boxes or param in unbounded:
+                continue
+            box = []
+            for r in region.region:
+                lo = analyzer.int_set(r.min, dom).min_value
+                hi = analyzer.int_set(r.min + r.extent - 1, dom).max_value
+                if not (isinstance(lo, tvm.tirx.IntImm) and isinstance(hi, tvm.tirx.IntImm)):
+                    unbounded.add(param)
+                    break
+                box.append((int(lo), int(hi)))
+            else:
+                old = boxes[param]
+                boxes[param] = box if old is None else [
+                    (min(a, c), max(b, d)) for (a, b), (c, d) in zip(old, box)]
+    return {p: (None if p in unbounded else box) for p, box in boxes.items()}
+
+
+def param_bytes(func: tvm.tirx.PrimFunc) -> list:
+    """Bytes of each parameter the PrimFunc reads or writes: the bounding box of the regions its
+    blocks access (a strided slice reads one row of its input, not the input), at most the whole
+    parameter; the whole parameter where the regions cannot be bounded."""
+    out = []
+    for param, box in _accessed_boxes(func).items():
+        whole = _tensor_bytes(param)
+        shape = [int(d) for d in param.ty.shape]
+        if box is None or len(box) != len(shape):
+            out.append(whole)
+            continue
+        elements = math.prod(max(0, min(hi, n - 1) - max(lo, 0) + 1) for (lo, hi), n in zip(box, shape))
+        out.append(min(whole, elements * tvm.runtime.DataType(str(param.ty.dtype)).bits // 8))
+    return out
+
+
 def flops_and_bytes(func: tvm.tirx.PrimFunc) -> tuple:
     """FLOPs (TVM's estimate; 1 per output element when it cannot tell) and bytes of every
-    parameter read or written once."""
-    nbytes = sum(_tensor_bytes(p) for p in func.params)
+    parameter region read or written once (:func:`param_bytes`)."""
+    nbytes = sum(param_bytes(func))
     try:
         flops = float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # estimate_tir_flops rejects some opaque loops
@@ -68,11 +118,38 @@ def flops_and_bytes(func: tvm.tirx.PrimFunc) -> tuple:
     return flops, float(nbytes)
 
 
+def resident_inputs(graph, l2_resident_bytes: int) -> dict:
+    """node index -> positions (in its PrimFunc's parameters) of the inputs the cost model reads
+    from the L2 cache: constants that a node earlier in the graph already read, when all the
+    constants read by two or more nodes fit ``l2_resident_bytes`` together (an unrolled RNN reads
+    each layer's weights once per step). Nodes with none are left out."""
+    readers: dict = {}
+    for node in graph.nodes:
+        if node.kind != "call_tir":
+            continue
+        for t in {t for t in node.inputs if t.is_constant}:
+            readers.setdefault(t, []).append(node.index)
+    shared = {t: nodes for t, nodes in readers.items() if len(nodes) > 1}
+    footprint = sum(math.prod(t.shape) * tvm.runtime.DataType(t.dtype).bits // 8 for t in shared)
+    if not shared or footprint > l2_resident_bytes:
+        return {}
+    later = {(t, i) for t, nodes in shared.items() for i in nodes[1:]}
+    resident = {}
+    for node in graph.nodes:
+        if node.kind == "call_tir":
+            positions = tuple(k for k, t in enumerate(node.inputs) if (t, node.index) in later)
+            if positions:
+                resident[node.index] = positions
+    return resident
+
+
 def analytical_us(flops: float, nbytes: float, lowered, config: RammerConfig,
-                  vdevice: VDevice) -> float:
-    """The analytical per-rTask time of one lowered rKernel of an operator."""
+                  vdevice: VDevice, l2_bytes: float = 0.0) -> float:
+    """The analytical per-rTask time of one lowered rKernel of an operator (``l2_bytes`` of its
+    ``nbytes`` read from the L2 cache)."""
     veus_per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
-    return rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm, cost_config(config, vdevice))
+    return rtask_time_us(flops, nbytes, lowered.num_rtasks, veus_per_sm, cost_config(config, vdevice),
+                         l2_bytes)
 
 
 def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfig,
@@ -135,7 +212,8 @@ def _trusted(record) -> bool:
 
 
 def operator_versions(uid: int, name: str, func, versions, config: RammerConfig, vdevice: VDevice,
-                      profiler, reference_key: str | None = None) -> VersionedOperator:
+                      profiler, reference_key: str | None = None,
+                      resident: tuple = ()) -> VersionedOperator:
     """An rOperator whose rKernels are the versions the policy may choose among.
 
     The rule (a choice that affects speed is made on measurements): when the pipeline's dlight
@@ -147,7 +225,9 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     per-rTask time gets the cost model's dispatch overhead added (a kernel timed alone has none). Raises ``UnsupportedKernel`` when no
     version can run as rTasks, or when the dlight version itself was measured wrong.
     ``func`` is the operator's scheduled PrimFunc (for its FLOPs and bytes); each version's
-    payload is its LoweredKernel, as for :func:`operator_from_kernel`."""
+    payload is its LoweredKernel, as for :func:`operator_from_kernel`. ``resident``: positions
+    of the parameters whose bytes the analytical model reads from the L2 cache
+    (:func:`resident_inputs`)."""
     from tir_templates.prelower import UnsupportedKernel
 
     from .tuning.profiler import Timing, rtask_time
@@ -176,12 +256,14 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     for v in dropped:
         LOG.info("tvm-rammer: %s version %s dropped: %s", name, v["version"], v["reason"])
     flops, nbytes = flops_and_bytes(func)
+    per_param = param_bytes(func) if resident else []
+    l2_bytes = float(sum(per_param[k] for k in resident))
     overhead = cost_config(config, vdevice).per_rtask_overhead_us
     kernels, timings, estimates = [], [], []
     for i in keep:
         version, (record, source) = versions[i], records[i]
         lowered = version.lowered
-        estimate = analytical_us(flops, nbytes, lowered, config, vdevice)
+        estimate = analytical_us(flops, nbytes, lowered, config, vdevice, l2_bytes)
         if _trusted(record):
             registers = record.get("registers")
             shared = max(lowered.shared_bytes, int(record.get("shared_bytes") or 0))

@@ -52,6 +52,7 @@ class Peaks:
     bytes_per_s: float
     source: str
     measured: bool = False
+    l2_bytes_per_s: float | None = None  # reads of an L2-resident buffer (the cost model's l2_bw)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -203,9 +204,64 @@ def measure_peaks(dev=None, copy_mib: int = 1024, matmul_n: int = 8192, repeat: 
         flops = max(flops, torch_rate)
     if not flops:
         raise RuntimeError("could not time any matmul on the GPU")
-    return Peaks(flops, bandwidth, measured=True,
+    l2_rate = _l2_read_rate(dev)
+    if l2_rate:
+        how.append(f"L2 reads of a {L2_MIB} MiB buffer {l2_rate / 1e12:.2f} TB/s")
+    return Peaks(flops, bandwidth, measured=True, l2_bytes_per_s=l2_rate or None,
                  source=f"measured: D2D copy of {copy_mib} MiB {bandwidth / 1e12:.2f} TB/s; "
                         + "; ".join(how))
+
+
+L2_MIB = 16  # fits the H100's L2 (50 MB; 25 MB per partition) with room to spare
+L2_PASSES = 32
+
+
+def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 1056,
+                   threads: int = 256) -> tirx.PrimFunc:
+    """A kernel that reads a ``mib`` MiB float32 buffer ``passes`` times (coalesced: thread ``t``
+    of the grid reads elements ``t, t + T, ...``) and writes one sum per thread: after the first
+    pass the buffer comes from L2, so its time is L2 read bandwidth (``_l2_read_rate``). The
+    cost model's ``CostModelConfig.l2_bw_gbps`` is the figure this measures."""
+    from tvm.script import tirx as T
+
+    n = mib * (1 << 20) // 4
+    total = blocks * threads
+    per_thread = n // total
+
+    @T.prim_func(s_tir=True)
+    def read_l2(x: T.Buffer((n,), "float32"), out: T.Buffer((total,), "float32")):
+        T.func_attr({"global_symbol": "read_l2", "tirx.noalias": True})
+        acc = T.sblock_alloc_buffer((total,), "float32", scope="local")
+        for b in T.thread_binding(blocks, thread="blockIdx.x"):
+            for t in T.thread_binding(threads, thread="threadIdx.x"):
+                for p, k in T.grid(passes, per_thread):
+                    with T.sblock("read"):
+                        vb, vt, vp, vk = T.axis.remap("SSRR", [b, t, p, k])
+                        with T.init():
+                            acc[vb * threads + vt] = T.float32(0)
+                        acc[vb * threads + vt] = acc[vb * threads + vt] + x[vk * total + vb * threads + vt]
+                with T.sblock("write"):
+                    vb, vt = T.axis.remap("SS", [b, t])
+                    out[vb * threads + vt] = acc[vb * threads + vt]
+
+    return read_l2
+
+
+def _l2_read_rate(dev) -> float:
+    """Bytes per second the whole GPU reads from an L2-resident buffer (0.0 when it cannot be
+    timed): :func:`l2_read_kernel`, median of a few runs after a warm-up run."""
+    try:
+        func = l2_read_kernel()
+        target = tvm.target.Target.from_device(dev)
+        lib = tvm.tirx.build(tvm.IRModule({"read_l2": func}), target)
+        x_shape, out_shape = (int(p.ty.shape[0]) for p in func.params)
+        x = tvm.runtime.tensor(np.ones(x_shape, "float32"), dev)
+        out = tvm.runtime.empty((out_shape,), "float32", dev)
+        lib["read_l2"](x, out)
+        median = lib.time_evaluator("read_l2", dev, number=5, repeat=5)(x, out).median
+        return L2_PASSES * x_shape * 4 / median
+    except Exception:  # a peak we cannot measure is left out
+        return 0.0
 
 
 def _tvm_matmul_rate(dev, n: int) -> float:
