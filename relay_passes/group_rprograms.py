@@ -81,7 +81,8 @@ def _emit_order(graph: DataflowGraph, calls: Sequence[RProgramCall]) -> list:
     for node in graph.nodes:
         mine = owner[node.index]
         needs = set(node.preds)  # the producers, and the bindings whose vars name the tensors read
-        needs.update(bound_by[t.expr] for t in node.inputs if t.expr in bound_by)
+        needs.update(bound_by[t.expr] for t in node.inputs if t.expr in bound_by
+                     and (t.producer is None or owner[t.producer] != mine))  # not: read inside
         deps[mine].update(owner[p] for p in needs if owner[p] != mine)
     users = [[] for _ in items]
     for seg, needs in enumerate(deps):
@@ -113,6 +114,7 @@ class _Rewriter(relax.PyExprMutator):
         super().__init__(mod)
         self.graph, self.segments = graph, segments
         self.done = False
+        self.bound_aliases = set()  # alias vars an rProgram's call already bound
 
     def visit_var_binding_(self, binding):
         if self.done:
@@ -136,6 +138,8 @@ class _Rewriter(relax.PyExprMutator):
 
     def _emit_node(self, node):
         binding = self.graph.block.bindings[node.index]
+        if binding.var in self.bound_aliases:
+            return
         value = self.visit_expr(binding.value)
         if isinstance(binding, relax.MatchCast):  # stays a match_cast: it defines shape variables
             self.builder_.emit_normalized(relax.MatchCast(binding.var, value, binding.ty))
@@ -152,11 +156,18 @@ class _Rewriter(relax.PyExprMutator):
         new_of = {t: relax.TupleGetItem(call, k) for k, t in enumerate(rp.outputs)}
         for i in rp.nodes:
             node = self.graph.nodes[i]
-            if not all(t in new_of for t in node.outputs):
-                continue  # lives in the work arena only: nothing outside reads it
-            items = [new_of[t] for t in node.outputs]
-            value = items[0] if len(items) == 1 else relax.Tuple(items)
-            self._emit(self.graph.block.bindings[i].var, value)
+            var = self.graph.block.bindings[i].var
+            if all(t in new_of for t in node.outputs):
+                items = [new_of[t] for t in node.outputs]
+                self._emit(var, items[0] if len(items) == 1 else relax.Tuple(items))
+                continue
+            # a tuple-output operator only some of whose outputs are read outside (the rest
+            # lives in the work arena): bind the vars that extract those outputs instead, and
+            # skip their alias bindings (the tuple itself does not exist outside)
+            for t in node.outputs:
+                if t in new_of and isinstance(t.expr, relax.Var) and not t.expr.same_as(var):
+                    self._emit(t.expr, new_of[t])
+                    self.bound_aliases.add(t.expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="RammerGroupRPrograms")
