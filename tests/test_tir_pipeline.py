@@ -6,6 +6,7 @@ import pytest
 import tvm
 from tvm.tirx import compilation_pipeline
 
+from tir_templates.cuda_resources import find_tool
 from tir_templates.s_tir_passes import s_tir_passes
 from tvm_rammer.codegen import tir_pipeline
 from tvm_rammer.frontend import import_onnx, lower
@@ -83,6 +84,9 @@ def _build(mod, target, pipeline):
 
 
 @pytest.mark.nvcc
+@pytest.mark.skipif(find_tool("cuobjdump") is None or find_tool("nvdisasm") is None,
+                    reason="needs cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump "
+                           "nvidia-cuda-nvdisasm)")
 def test_the_passes_nvcc_redoes_do_not_change_the_sass(lowered):
     """The persistent kernel lowered by TVM's whole pipeline and by ours compiles to the same SASS
     (the listing without its header, which names the file)."""
