@@ -2,8 +2,7 @@
 from the L2 cache (a weight an earlier operator already read, when the re-read weights fit)."""
 import numpy as np
 import pytest
-import tvm
-from tvm import relax, te, tirx
+from tvm import relax, te
 
 from relay_passes.dataflow_graph import DataflowGraph
 from tvm_rammer.cost_model import CostModelConfig, rtask_time_us
