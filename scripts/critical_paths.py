@@ -21,7 +21,8 @@ from tvm_rammer.models import REDUCED, get_model
 
 CONFIGS = {
     "before": RammerConfig(tail_fusion=False, prologue_fusion=False, split_concat_matmul=False,
-                           batch_shared_matmuls=False),
+                           batch_shared_matmuls=False, gemv_epilogue=False),
+    "after-no-epilogue": RammerConfig(gemv_epilogue=False),
     "after": RammerConfig(),
     "after-no-batch": RammerConfig(batch_shared_matmuls=False),
     "after-no-prologue": RammerConfig(prologue_fusion=False),

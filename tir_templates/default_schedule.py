@@ -22,10 +22,11 @@ from tvm import tirx
 from tvm.s_tir import dlight as dl
 
 __all__ = ["default_rules", "default_schedule_pass", "schedule_like_default", "is_scheduled",
-           "GuardedDefaultSchedule", "SCHEDULE_NOTE_ATTR"]
+           "GuardedDefaultSchedule", "SCHEDULE_NOTE_ATTR", "SCHEDULED_BY_ATTR", "scheduled_by"]
 
 LOG = logging.getLogger("tvm_rammer")
 SCHEDULE_NOTE_ATTR = "rammer.schedule_note"
+SCHEDULED_BY_ATTR = "rammer.scheduled_by"  # set by a rule of ours (``schedule_name``), not dlight's
 
 
 def default_rules() -> tuple:
@@ -34,10 +35,12 @@ def default_rules() -> tuple:
             dl.gpu.Fallback())
 
 
-def default_schedule_pass() -> tvm.transform.Pass:
+def default_schedule_pass(*first) -> tvm.transform.Pass:
     """:class:`GuardedDefaultSchedule` with :func:`default_rules` (schedules under the target in
-    scope): dlight's ``ApplyDefaultSchedule``, except that a rule that raises does not apply."""
-    return GuardedDefaultSchedule(*default_rules())
+    scope): dlight's ``ApplyDefaultSchedule``, except that a rule that raises does not apply.
+    ``first``: rules tried before dlight's (the rammer pipeline's own fused-cell rule,
+    ``tir_templates.gemv_epilogue``, for the functions only it applies to)."""
+    return GuardedDefaultSchedule(*first, *default_rules())
 
 
 def _first_line(err: BaseException) -> str:
@@ -59,6 +62,8 @@ def schedule_func(func: tirx.PrimFunc, target, rules) -> tuple:
             continue
         sch = space if not isinstance(space, list) else space[0]
         out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        if getattr(rule, "schedule_name", None):  # our own rules say so on the function
+            out = out.with_attr(SCHEDULED_BY_ATTR, rule.schedule_name)
         if notes:
             notes.append(f"scheduled by {type(rule).__name__} instead")
             out = out.with_attr(SCHEDULE_NOTE_ATTR, "; ".join(notes))
@@ -95,6 +100,11 @@ class GuardedDefaultSchedule:
         for gv, func in updated.items():
             mod[gv] = func
         return mod
+
+
+def scheduled_by(func: tirx.PrimFunc) -> str | None:
+    """The name of the rule of ours that scheduled ``func`` (``SCHEDULED_BY_ATTR``), or None."""
+    return None if func.attrs is None else func.attrs.get(SCHEDULED_BY_ATTR, None)
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -25,6 +25,7 @@ def _config(args) -> RammerConfig:
                         prologue_fusion=not args.no_prologue_fusion,
                         split_concat_matmul=not args.no_split_concat_matmul,
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
+                        gemv_epilogue=not args.no_gemv_epilogue,
                         policy=getattr(args, "policy", "rammer"))
 
 
@@ -81,6 +82,8 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="keep matmul(concat([x, h]), W) as one MatMul")
     p.add_argument("--no-batch-shared-matmuls", action="store_true",
                    help="keep same-wave GEMVs of one weight apart instead of one GEMM")
+    p.add_argument("--no-gemv-epilogue", action="store_true",
+                   help="keep an RNN cell's GEMV and its elementwise tail two operators")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
     p.add_argument("--timings", action="store_true",
                    help="print the seconds each compilation phase took (to stderr)")

@@ -44,6 +44,10 @@ class RammerConfig:
         becomes ``x @ W_x + h @ W_h``, taking the input half off an RNN's recurrent critical path.
     batch_shared_matmuls: run BatchSharedWeightMatMuls: GEMVs of one constant weight whose inputs
         are ready in the same wave (an RNN's first-layer input halves) become one GEMM.
+    gemv_epilogue: with ``fusion``, run GEMVEpilogueFusion: an RNN cell's recurrent GEMV and the
+        split tail that reads it become one operator (``tir_templates.gemv_epilogue``'s rKernel:
+        each rTask computes a few hidden units' gates and their cell update), so a step is one
+        dependent rTask instead of two.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
     profile: measure on the local GPU when it has the target's arch (compile-time profiling, paper
@@ -83,6 +87,7 @@ class RammerConfig:
     prologue_fusion: bool = True
     split_concat_matmul: bool = True
     batch_shared_matmuls: bool = True
+    gemv_epilogue: bool = True
     launch_us: float = 4.0
     barrier_us: float = 0.8
     measure_resources: bool = False

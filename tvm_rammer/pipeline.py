@@ -30,6 +30,7 @@ from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
+from relay_passes.gemv_epilogue import GEMVEpilogueFusion
 from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.memo_legalize import MemoLegalizeOps
 from relay_passes.return_timelines import ReturnTimelines
@@ -37,6 +38,7 @@ from relay_passes.split_matmul_concat import SplitMatMulOverConcat
 from relay_passes.split_tail_fusion import SplitTailFusion
 from relay_passes.split_to_slices import SplitToSlices
 from tir_templates.default_schedule import default_schedule_pass
+from tir_templates.gemv_epilogue import GEMVEpilogue
 
 from .backend import RammerBackend
 from .codegen.tir_pipeline import install as install_tir_pipeline
@@ -59,6 +61,8 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
+    if config.fusion and config.gemv_epilogue:
+        fusion.append(GEMVEpilogueFusion())            # after the groups: a cell's GEMV joins its tail
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
     if config.batch_shared_matmuls:
         split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
@@ -77,7 +81,8 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *fusion,                                       # never joins two independent branches
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
         StashUnscheduled(),                            # rKernel versions re-schedule these
-        _with_target(rkernel_target(target, config), default_schedule_pass()),  # rKernels = dlight
+        _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
+                     default_schedule_pass(GEMVEpilogue())),
         _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
         *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on

@@ -31,7 +31,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
-from tir_templates.default_schedule import default_rules, is_scheduled
+from tir_templates.default_schedule import default_rules, is_scheduled, scheduled_by
 from tir_templates.prelower import LoweredKernel, UnsupportedKernel, prelower
 from tir_templates.templates import template_schedules
 
@@ -71,7 +71,8 @@ def func_key(func: tirx.PrimFunc) -> str:
 
 @dataclass(frozen=True)
 class KernelVersion:
-    """One prelowered schedule of an operator: ``source`` is "metaschedule", "dlight" or "template"."""
+    """One prelowered schedule of an operator: ``source`` is "metaschedule", "dlight", "template",
+    or the name of the rule of ours that made the pipeline's schedule ("gemv_epilogue")."""
 
     name: str
     source: str
@@ -225,8 +226,8 @@ def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.Pri
     if unscheduled is not None:
         candidates += [(n, "metaschedule", f) for n, f in
                        metaschedule_schedules(unscheduled, target, database, options.metaschedule_top_k)]
-    if scheduled is not None:
-        candidates.append(("dlight", "dlight", scheduled))
+    if scheduled is not None:  # the pipeline's own schedule: dlight's, or a rule of ours
+        candidates.append(("dlight", scheduled_by(scheduled) or "dlight", scheduled))
     if unscheduled is not None and options.dlight_variants:
         candidates += [(n, "dlight", f) for n, f in dlight_schedules(unscheduled, target)]
     if unscheduled is not None and options.templates:
