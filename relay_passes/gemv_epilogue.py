@@ -83,7 +83,7 @@ def is_plain_matmul(func) -> bool:
     a, b, c = func.params
     shapes = [[int(d) for d in p.ty.shape] if all(isinstance(d, tirx.IntImm) for d in p.ty.shape)
               else None for p in (a, b, c)]
-    if None in shapes or len(shapes[0]) != 2 or shapes[0][0] != 1:
+    if None in shapes or any(len(shape) != 2 for shape in shapes) or shapes[0][0] != 1:
         return False
     (_, k), (k2, n), (one, n2) = shapes
     if k != k2 or n != n2 or one != 1:

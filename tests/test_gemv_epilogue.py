@@ -352,6 +352,7 @@ def test_only_a_plain_row_times_matrix_is_a_gemv():
 
     assert [is_plain_matmul(f) for f in legalized((1, 3), (3, 4))] == [True]
     assert not any(is_plain_matmul(f) for f in legalized((2, 3), (3, 4)))
+    assert not any(is_plain_matmul(f) for f in legalized((1, 3), (2, 3, 4)))  # batched weight
     assert not any(is_plain_matmul(f) for f in legalized((1, 3), (3, 4), bias=True))
     a, b = te.placeholder((1, 3), name="a"), te.placeholder((4, 3), name="b")
     k = te.reduce_axis((0, 3), name="k")
