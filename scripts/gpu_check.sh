@@ -51,6 +51,31 @@ python3 -m tvm_rammer.cli run "$out/branches16.onnx" --profile-db "$profiles" --
   > "$out/branches16.json" 2> "$out/run.err"
 python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress --profile-db "$profiles" 2>&1 \
   | tee "$out/bench.log"
+# The RNN cells' GEMV epilogue (GEMVEpilogueFusion) was chosen on predicted times: run LSTM-TC and
+# Seq2Seq at full size with and without it, one at a time (error vs onnxruntime, latency vs TVM's
+# default), so the GPU says whether it pays; also the L2 bandwidth the cost model assumes
+# (CostModelConfig.l2_bw_gbps) next to the measured one.
+mkdir -p "$out/epilogue"
+for model in lstm_tc seq2seq; do
+  python3 -m tvm_rammer.cli model "$model" -o "$out/epilogue/$model.onnx"
+  for flag in "" --no-gemv-epilogue; do
+    tag=${flag:+-no-epilogue}
+    timeout "${PROFILE_TIMEOUT:-900}" python3 -m tvm_rammer.cli run "$out/epilogue/$model.onnx" \
+      --profile-db "$profiles" --json $flag > "$out/epilogue/$model$tag.json" \
+      2> "$out/epilogue/$model$tag.err" || echo "run $model $flag: exit $?" | tee -a "$out/epilogue.log"
+  done
+  rm -f "$out/epilogue/$model.onnx"
+done
+python3 - "$out/l2.json" <<'PY' 2>&1 | tee -a "$out/epilogue.log"
+import json, sys
+import tvm
+from tvm_rammer.benchmarks.floor import _l2_read_rate
+from tvm_rammer.cost_model import CostModelConfig
+rate = _l2_read_rate(tvm.cuda(0))
+json.dump({"l2_bytes_per_s": rate, "assumed": CostModelConfig().l2_bw_gbps * 1e9}, open(sys.argv[1], "w"))
+print(f"L2 reads: measured {rate / 1e12:.2f} TB/s, the cost model assumes "
+      f"{CostModelConfig().l2_bw_gbps / 1e3:.2f} TB/s")
+PY
 # Persistent kernels lowered by TVM's whole TIR pipeline and by ours (tir_pipeline.REDONE_BY_NVCC
 # skipped): the same SASS is checked on CPU; here both builds run, compared and timed.
 python3 scripts/relower_check.py --reduced --out "$out/relower.json" 2>&1 | tee "$out/relower.log"
@@ -71,6 +96,16 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     print(f"{path.stem}: {s['rprograms']} rPrograms, launches {s['launches']} (default "
           f"{s.get('default_launches')}), measured {meas} us vs TVM default kernels {dflt} us, "
           f"{len(s.get('fallbacks', []))} fell back")
+PY
+python3 - "$out/epilogue" <<'PY'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        r = json.loads(path.read_text())
+        print(f"{path.stem}: tvm-rammer {r['rammer']['latency_us']:.1f} us "
+              f"(err {r['rammer']['max_rel_err']:.1e}), TVM default {r['default']['latency_us']:.1f} us")
+    except Exception as err:
+        print(f"{path.stem}: no result ({err})")
 PY
 python3 - "$out/branches16.json" <<'PY'
 import json, sys
