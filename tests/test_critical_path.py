@@ -105,6 +105,12 @@ def lstm_inspections():
     return inspect_model(model, TARGET), inspect_model(model, TARGET, off)
 
 
+@pytest.fixture(scope="module")
+def lstm_without_epilogue():
+    model = get_model("lstm_tc", **REDUCED["lstm_tc"])
+    return inspect_model(model, TARGET, RammerConfig(gemv_epilogue=False))
+
+
 def test_inspect_reports_the_critical_path_of_the_model_and_of_each_rprogram(lstm_inspections):
     summary, _ = lstm_inspections
     path = summary["critical_path"]
@@ -125,3 +131,16 @@ def test_lstm_steps_are_at_most_three_dependent_operators(lstm_inspections):
     steps = kw["layers"] + kw["seq_len"] - 1
     assert on["critical_path"]["operators"] <= 3 * steps + 1  # + slicing the input's first step
     assert off["critical_path"]["operators"] > on["critical_path"]["operators"]
+
+
+def test_the_gemv_epilogue_makes_a_step_one_dependent_operator(lstm_inspections,
+                                                              lstm_without_epilogue):
+    """With each cell's GEMV in its tail, the wavefront's longest path costs one operator per
+    step along the time direction (two per layer: the input half, then the cell), against two
+    per step without it; it starts with the first layer's batched input GEMM (3 operators)."""
+    on, _ = lstm_inspections
+    kw = REDUCED["lstm_tc"]
+    seq_len, layers = kw["seq_len"], kw["layers"]
+    assert on["critical_path"]["operators"] <= 3 + (seq_len - 1) + 2 * (layers - 1)
+    assert lstm_without_epilogue["critical_path"]["operators"] > on["critical_path"]["operators"]
+    assert on["critical_path"]["predicted_us"] < lstm_without_epilogue["critical_path"]["predicted_us"]
