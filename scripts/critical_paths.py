@@ -3,6 +3,7 @@
     python3 scripts/critical_paths.py lstm_tc seq2seq            # full size (minutes per model)
     python3 scripts/critical_paths.py --reduced lstm_tc          # tvm_rammer.models.REDUCED sizes
     python3 scripts/critical_paths.py lstm_tc --configs after,after-no-batch
+    python3 scripts/critical_paths.py lstm_tc --l2-bw 4000 --l2-bw 7000   # the cost model's L2 figure
 
 One JSON line per (model, configuration): rPrograms, operators, rTasks, the policy's predicted time
 (sum over rPrograms), the critical path (dependent operators and predicted us) and each rProgram's
@@ -12,6 +13,7 @@ work bound, then a Markdown table of the rows. The numbers are the analytical co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -29,13 +31,16 @@ CONFIGS = {
 }
 
 
-def measure(name: str, label: str, reduced: bool, target: str) -> dict:
-    """One row: inspect `name` under CONFIGS[label]."""
+def measure(name: str, label: str, reduced: bool, target: str, l2_bw: float | None = None) -> dict:
+    """One row: inspect `name` under CONFIGS[label] (the cost model's L2 bandwidth ``l2_bw`` GB/s
+    when given)."""
     model = get_model(name, **(REDUCED[name] if reduced else {}))
     start = time.time()
-    summary = inspect_model(model, target, CONFIGS[label])
+    config = CONFIGS[label] if l2_bw is None else dataclasses.replace(CONFIGS[label], l2_bw_gbps=l2_bw)
+    summary = inspect_model(model, target, config)
     path = summary["critical_path"] or {}
-    return {"model": name, "reduced": reduced, "config": label, "rprograms": summary["rprograms"],
+    return {"model": name, "reduced": reduced, "config": label, "l2_bw_gbps": l2_bw,
+            "rprograms": summary["rprograms"],
             "operators": sum(len(p["operators"]) for p in summary["programs"]),
             "rtasks": sum(summary["rtasks"]),
             "predicted_us": round(sum(p["predicted_us"] for p in summary["programs"]), 1),
@@ -47,11 +52,13 @@ def measure(name: str, label: str, reduced: bool, target: str) -> dict:
 
 def table(rows: list) -> str:
     """Markdown: one line per row."""
-    lines = ["| model | config | rPrograms | predicted us | critical path: operators | "
-             "critical path: us |", "|---|---|---|---|---|---|"]
+    lines = ["| model | config | L2 GB/s | rPrograms | predicted us | critical path: operators | "
+             "critical path: us |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         cp = r["critical_path"]
-        lines.append(f"| {r['model']} | {r['config']} | {r['rprograms']} | {r['predicted_us']:,.0f} | "
+        l2 = "default" if r.get("l2_bw_gbps") is None else f"{r['l2_bw_gbps']:,.0f}"
+        lines.append(f"| {r['model']} | {r['config']} | {l2} | {r['rprograms']} | "
+                     f"{r['predicted_us']:,.0f} | "
                      f"{cp.get('operators', '-')} | {cp.get('predicted_us', 0):,.0f} |")
     return "\n".join(lines)
 
@@ -63,6 +70,9 @@ def main() -> None:
     parser.add_argument("--configs", default="before,after",
                         help=f"comma-separated, from {', '.join(CONFIGS)} (default: %(default)s)")
     parser.add_argument("--target", default="rammer/nvidia-h100")
+    parser.add_argument("--l2-bw", type=float, action="append", default=None, metavar="GBPS",
+                        help="the cost model's L2 bandwidth in GB/s (repeatable: one row per value; "
+                             "default: the cost model's own)")
     args = parser.parse_args()
     labels = args.configs.split(",")
     unknown = [c for c in labels if c not in CONFIGS]
@@ -71,8 +81,9 @@ def main() -> None:
     rows = []
     for name in args.models:
         for label in labels:
-            rows.append(measure(name, label, args.reduced, args.target))
-            print(json.dumps(rows[-1]), flush=True)
+            for l2_bw in args.l2_bw or [None]:
+                rows.append(measure(name, label, args.reduced, args.target, l2_bw))
+                print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
 
 

@@ -101,3 +101,17 @@ def test_weights_read_once_or_too_big_for_l2_come_from_dram():
     assert resident_inputs(gemv_chain(4, shared=False), 50 * 2 ** 20) == {}
     assert resident_inputs(gemv_chain(4, hidden=64), 64 * 64 * 4 - 1) == {}
     assert len(resident_inputs(gemv_chain(4, hidden=64), 64 * 64 * 4)) == 3
+
+
+def test_the_l2_figure_can_be_set_per_compilation():
+    """RammerConfig(l2_bw_gbps=...) (a measured figure, or several to compare) reaches the cost
+    model; None keeps the model's own."""
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.rkernels import cost_config
+    from tvm_rammer.vdevice import VDevice
+
+    vdevice = VDevice.for_arch("sm_90a")
+    assert cost_config(RammerConfig(), vdevice).l2_bw_gbps == CostModelConfig().l2_bw_gbps
+    assert cost_config(RammerConfig(l2_bw_gbps=7000), vdevice).l2_bw_gbps == 7000.0
+    with pytest.raises(ValueError, match="l2_bw_gbps=0 must be positive"):
+        RammerConfig(l2_bw_gbps=0)

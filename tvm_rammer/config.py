@@ -50,6 +50,9 @@ class RammerConfig:
         dependent rTask instead of two.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
+    l2_bw_gbps: the L2 read bandwidth the cost model charges re-read weights at; None = the cost
+        model's own figure (``CostModelConfig.l2_bw_gbps``, assumed until a GPU measures it: put
+        the measured one here, or compare predictions under several).
     profile: measure on the local GPU when it has the target's arch (compile-time profiling, paper
         3.2): every rKernel version is checked against TVM's default kernel for its operator and
         timed, candidate rPrograms are timed whole, and an rProgram not faster than its operators
@@ -90,6 +93,7 @@ class RammerConfig:
     gemv_epilogue: bool = True
     launch_us: float = 4.0
     barrier_us: float = 0.8
+    l2_bw_gbps: float | None = None
     measure_resources: bool = False
     max_waits_per_op: int | None = 1 << 20
     extra: dict = field(default_factory=dict, compare=False, hash=False)
@@ -122,6 +126,9 @@ class RammerConfig:
         if self.max_waits_per_op is not None and self.max_waits_per_op < 1:
             raise ValueError(f"max_waits_per_op={self.max_waits_per_op} must be >= 1 (or None: "
                              "no limit)")
+        if self.l2_bw_gbps is not None and not self.l2_bw_gbps > 0:
+            raise ValueError(f"l2_bw_gbps={self.l2_bw_gbps} must be positive (or None: the cost "
+                             "model's own figure)")
         if self.launch_us < 0 or self.barrier_us < 0:
             raise ValueError(f"launch_us={self.launch_us}, barrier_us={self.barrier_us}: "
                              "cost-model times cannot be negative")

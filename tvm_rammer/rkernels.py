@@ -42,8 +42,9 @@ def vdevice_for(target: tvm.target.Target, config: RammerConfig) -> VDevice:
 
 def cost_config(config: RammerConfig, vdevice: VDevice) -> CostModelConfig:
     """The analytical cost model for this vDevice and config."""
+    extra = {} if config.l2_bw_gbps is None else {"l2_bw_gbps": float(config.l2_bw_gbps)}
     return CostModelConfig(num_sms=vdevice.num_sms, barrier_us=config.barrier_us,
-                           launch_us=config.launch_us)
+                           launch_us=config.launch_us, **extra)
 
 
 def policy_config(config: RammerConfig, vdevice: VDevice) -> PolicyConfig:
