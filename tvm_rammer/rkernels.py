@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
+from tvm import s_tir, sym
 
 from .config import RammerConfig
 from .cost_model import CostModelConfig, rtask_time_us
@@ -62,9 +64,6 @@ def _accessed_boxes(func: tvm.tirx.PrimFunc) -> dict:
     """param -> per-dimension ``(lo, hi)`` bounding box of every region the PrimFunc's blocks read
     or write in it, each region relaxed over its block's iteration domain; None for a parameter
     whose regions cannot be bounded by constants (or that no block names)."""
-    import tvm_ffi
-    from tvm import s_tir, sym
-
     boxes = {p: None for p in func.params}
     unbounded = set()
     blocks = []
@@ -103,7 +102,8 @@ def param_bytes(func: tvm.tirx.PrimFunc) -> list:
         if box is None or len(box) != len(shape):
             out.append(whole)
             continue
-        elements = math.prod(max(0, min(hi, n - 1) - max(lo, 0) + 1) for (lo, hi), n in zip(box, shape))
+        elements = math.prod(max(0, min(hi, n - 1) - max(lo, 0) + 1)
+                             for (lo, hi), n in zip(box, shape))
         out.append(min(whole, elements * tvm.runtime.DataType(str(param.ty.dtype)).bits // 8))
     return out
 
