@@ -69,9 +69,9 @@ done
 python3 - "$out/l2.json" <<'PY' 2>&1 | tee -a "$out/epilogue.log"
 import json, sys
 import tvm
-from tvm_rammer.benchmarks.floor import _l2_read_rate
+from tvm_rammer.benchmarks.floor import l2_read_rate
 from tvm_rammer.cost_model import CostModelConfig
-rate = _l2_read_rate(tvm.cuda(0))
+rate = l2_read_rate(tvm.cuda(0))
 json.dump({"l2_bytes_per_s": rate, "assumed": CostModelConfig().l2_bw_gbps * 1e9}, open(sys.argv[1], "w"))
 print(f"L2 reads: measured {rate / 1e12:.2f} TB/s, the cost model assumes "
       f"{CostModelConfig().l2_bw_gbps / 1e3:.2f} TB/s")

@@ -204,7 +204,7 @@ def measure_peaks(dev=None, copy_mib: int = 1024, matmul_n: int = 8192, repeat: 
         flops = max(flops, torch_rate)
     if not flops:
         raise RuntimeError("could not time any matmul on the GPU")
-    l2_rate = _l2_read_rate(dev)
+    l2_rate = l2_read_rate(dev)
     if l2_rate:
         how.append(f"L2 reads of a {L2_MIB} MiB buffer {l2_rate / 1e12:.2f} TB/s")
     return Peaks(flops, bandwidth, measured=True, l2_bytes_per_s=l2_rate or None,
@@ -220,7 +220,7 @@ def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 105
                    threads: int = 256) -> tirx.PrimFunc:
     """A kernel that reads a ``mib`` MiB float32 buffer ``passes`` times (coalesced: thread ``t``
     of the grid reads elements ``t, t + T, ...``) and writes one sum per thread: after the first
-    pass the buffer comes from L2, so its time is L2 read bandwidth (``_l2_read_rate``). The
+    pass the buffer comes from L2, so its time is L2 read bandwidth (``l2_read_rate``). The
     cost model's ``CostModelConfig.l2_bw_gbps`` is the figure this measures."""
     from tvm.script import tirx as T
 
@@ -247,7 +247,7 @@ def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 105
     return read_l2
 
 
-def _l2_read_rate(dev) -> float:
+def l2_read_rate(dev) -> float:
     """Bytes per second the whole GPU reads from an L2-resident buffer (0.0 when it cannot be
     timed): :func:`l2_read_kernel`, median of a few runs after a warm-up run."""
     try:
