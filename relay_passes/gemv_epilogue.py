@@ -9,10 +9,12 @@ cell update (the issue's "epilogue into the GEMV"), so a step is one dependent r
 
 Which GEMVs. A *GEMV* is a call_tir of a plain matmul ``[1, K] x [K, N] -> [1, N]`` (one reduction
 block ``C[i, j] += A[i, k] * B[k, j]``) whose weight ``B`` is a constant, or a fused group of one
-and its elementwise epilogue on constants (``x @ W + b``). It may be fused when
-every reader of its output is a fused group (or call_tir) whose outputs are ``[1, H]`` with
-``N = P * H``, ``P >= 2`` (the tail of a split into P parts: an LSTM's four gates), and nothing
-else reads it. A tail usually has several (``x @ W_x + h @ W_h``): one of them is fused, the one
+and its elementwise epilogue on constants (``x @ W + b``). It may be fused when every reader of
+its output is a fused group (or call_tir) of elementwise/injective operators whose outputs are
+``[1, H]`` with ``N = P * H``, ``P >= 2`` (the tail of a split into P parts: an LSTM's four
+gates), nothing else reads it, and the fused cell tiles into rTasks of whole warps within the
+rTask thread cap (``tir_templates.gemv_epilogue.cell_tiling``; a tail that does not tile is left
+as it is). A tail usually has several GEMVs (``x @ W_x + h @ W_h``): one of them is fused, the one
 on the critical path, i.e. whose input is produced last (levels of the dataflow graph); among
 equals, the *recurrent* one, whose weight some GEMV applies to an output of a tail that a GEMV
 with that weight feeds (``h_t = tail(h_{t-1} @ W_h, ...)``). In LSTM-TC's wavefront ``h_{t-1}``
@@ -50,6 +52,9 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te, tirx
 
+from tir_templates.gemv_epilogue import cell_tiling
+
+from .branch_fusion import INJECTIVE
 from .dataflow_graph import CALL_TIR, DataflowGraph
 
 __all__ = ["GEMVEpilogueFusion", "EPILOGUE_ATTR", "is_plain_matmul"]
@@ -59,7 +64,11 @@ EPILOGUE_ATTR = "rammer.gemv_epilogue"
 
 @tvm.transform.module_pass(opt_level=0, name="GEMVEpilogueFusion")
 class GEMVEpilogueFusion:
-    """Fuse into each split tail the GEMV on its critical path (see the module docstring)."""
+    """Fuse into each split tail the GEMV on its critical path (see the module docstring).
+    ``max_threads``: the rTask thread cap the fused cell's rKernel must fit (``cell_tiling``)."""
+
+    def __init__(self, max_threads: int = 256):
+        self.max_threads = max_threads
 
     def transform_module(self, mod, ctx):
         """Find the fusable GEMVs of main and emit one fused function per GEMV and tail."""
@@ -69,7 +78,7 @@ class GEMVEpilogueFusion:
             graph = DataflowGraph.from_function(mod["main"], mod)
         except ValueError:  # control flow in main: nothing to fuse
             return mod
-        fusions = find_fusions(graph)
+        fusions = find_fusions(graph, self.max_threads)
         if not fusions:
             return mod
         return _emit(mod, graph, fusions)
@@ -217,6 +226,25 @@ def _is_group_or_call_tir(graph, node):
             and bool(func.attrs.get("Primitive", False)))
 
 
+def _injective(graph, node):
+    """Every call_tir of a reader (itself, or the members of its group) is at most injective:
+    the fused rKernel inlines them all into its outputs."""
+    if node.kind == "call_tir":
+        calls = [node.gvar]
+    else:
+        callee = graph.mod[node.value.op]
+        calls = [b.value.args[0] for blk in callee.body.blocks for b in blk.bindings
+                 if isinstance(b.value, relax.Call) and b.value.op.same_as(CALL_TIR)]
+        if len(calls) != sum(len(blk.bindings) for blk in callee.body.blocks):
+            return False
+    for gvar in calls:
+        func = graph.mod[gvar]
+        pattern = func.attrs.get("op_pattern", None) if func.attrs is not None else None
+        if pattern is None or int(pattern) > INJECTIVE:
+            return False
+    return True
+
+
 def _tail_of(graph, gemv):
     """(reader node indices, P) when every reader of the GEMV's output is a tail of a split into P
     parts (outputs [1, H], N = P * H, P >= 2), else None."""
@@ -228,7 +256,8 @@ def _tail_of(graph, gemv):
     width = None
     for r in readers:
         node = graph.nodes[r]
-        if node.kind == "alias" or len(node.outputs) != 1 or not _is_group_or_call_tir(graph, node):
+        if node.kind == "alias" or len(node.outputs) != 1 or not _is_group_or_call_tir(graph, node) \
+                or not _injective(graph, node):
             return None
         shape = node.outputs[0].shape
         if shape is None or len(shape) != 2 or shape[0] != 1 or not isinstance(shape[1], int):
@@ -246,9 +275,10 @@ def _weight_key(tensor):
     return tensor.expr.__hash__()
 
 
-def find_fusions(graph):
+def find_fusions(graph, max_threads=256):
     """[(gemv, readers, P)] for every GEMV to fuse (see the module docstring), in binding order:
-    per tail, the GEMV whose input is produced last, the recurrent one among equals."""
+    per tail, the GEMV whose input is produced last, the recurrent one among equals, among those
+    whose fused cell tiles into rTasks of at most ``max_threads`` threads (``cell_tiling``)."""
     gemvs = _gemvs(graph)
     tails = {i: _tail_of(graph, g) for i, g in gemvs.items()}
     tails = {i: t for i, t in tails.items() if t is not None}
@@ -272,9 +302,14 @@ def find_fusions(graph):
     for readers, candidates in sorted(by_tail.items(), key=lambda kv: min(kv[1])):
         if taken & set(readers):  # a reader of two different tails: fused once only
             continue
+        parts = tails[candidates[0]][1]
+        hidden = gemvs[candidates[0]].n // parts
+        fits = [i for i in candidates if cell_tiling(hidden, parts, gemvs[i].k, max_threads)]
+        if not fits:  # no rKernel of ours would run it as rTasks: leave the tail as it is
+            continue
         taken |= set(readers)
-        best = min(candidates, key=priority)
-        fusions.append((gemvs[best], list(readers), tails[best][1]))
+        best = min(fits, key=priority)
+        fusions.append((gemvs[best], list(readers), parts))
     return sorted(fusions, key=lambda f: f[0].node.index)
 
 

@@ -22,13 +22,13 @@ from relay_passes.split_matmul_concat import SplitMatMulOverConcat
 from relay_passes.split_tail_fusion import SplitTailFusion
 from relay_passes.split_to_slices import SplitToSlices
 from tir_templates.default_schedule import scheduled_by
-from tir_templates.gemv_epilogue import GEMVEpilogue
+from tir_templates.gemv_epilogue import GEMVEpilogue, cell_tiling
 from tir_templates.prelower import prelower
 from tvm_rammer.models import REDUCED, get_model
 
 from onnx_builders import random_inputs, run_onnxruntime, run_tvm_cpu
 
-H, K, X = 2, 2, 3
+H, K, X = 8, 8, 8  # the smallest cell that tiles: 4 units x 8 reduction threads x 4 gates
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a", "max_num_threads": 256})
 
 
@@ -72,11 +72,12 @@ def two_steps(w_h=None, delay=0):
     return tvm.transform.Sequential(seq)(bb.get())
 
 
-def deinterleave_8x4():
-    """out[0, p*H + j] = x[0, j*4 + p] for H = 2: the gates back in W_h's column order."""
-    shape = (tirx.IntImm("int64", 1), tirx.IntImm("int64", 8))
+def deinterleave(hidden=H):
+    """out[0, p*H + j] = x[0, j*4 + p]: the gates back in W_h's column order."""
+    shape = (tirx.IntImm("int64", 1), tirx.IntImm("int64", 4 * hidden))
     x = te.placeholder(shape, "float32", name="x")
-    out = te.compute(shape, lambda i, c: x[i, (c % 2) * 4 + c // 2], name="T_deinterleave")
+    out = te.compute(shape, lambda i, c: x[i, (c % hidden) * 4 + c // hidden],
+                     name="T_deinterleave")
     return te.create_prim_func([x, out]).without_attr("global_symbol").with_attr("op_pattern", 2)
 
 
@@ -88,7 +89,7 @@ def two_steps_expected(before):
     kept = {g: f for g, f in before.functions_items()
             if g.name_hint not in ("main",) and not g.name_hint.startswith("fused_")}
     bb = relax.BlockBuilder(tvm.IRModule(kept))
-    deint = bb.add_func(deinterleave_8x4(), "deinterleave")
+    deint = bb.add_func(deinterleave(), "deinterleave")
     h, weight = relax.Var("h", tensor(1, K)), relax.Var("weight", tensor(K, 4 * H))
     mx, c = relax.Var("param_1", tensor(1, 4 * H)), relax.Var("param_2", tensor(1, H))
 
@@ -96,10 +97,10 @@ def two_steps_expected(before):
         callee = name if isinstance(name, tvm.ir.GlobalVar) else gv(name)
         return bb.emit(relax.call_tir(callee, relax.Tuple(args), out_ty=out))
 
-    with bb.function("fused_gemv_epilogue_matmul1", [h, weight, mx, c], private=True,
+    with bb.function("fused_gemv_epilogue_matmul", [h, weight, mx, c], private=True,
                      attrs={"Primitive": True, EPILOGUE_ATTR: 4}):
         with bb.dataflow():
-            gates = call(deint, [call("matmul1", [h, weight], tensor(1, 4 * H))], tensor(1, 4 * H))
+            gates = call(deint, [call("matmul", [h, weight], tensor(1, 4 * H))], tensor(1, 4 * H))
             pre = call("add", [mx, gates], tensor(1, 4 * H))
             c1 = call("multiply", [call("strided_slice", [pre], tensor(1, H)), c], tensor(1, H))
             h1 = call("add1", [call("strided_slice1", [pre], tensor(1, H)), c1], tensor(1, H))
@@ -153,7 +154,7 @@ def test_interleaved_weight_and_deinterleave_are_inverse():
     wi = interleave_columns(w, 4)  # H = 3
     assert all(np.array_equal(wi[:, j * 4 + p], w[:, p * 3 + j]) for j in range(3) for p in range(4))
     h = np.random.default_rng(1).standard_normal((1, 3)).astype("float32")
-    lib = tvm.compile(tvm.IRModule({"main": deinterleave_8x4().with_attr("global_symbol", "main")}),
+    lib = tvm.compile(tvm.IRModule({"main": deinterleave(2).with_attr("global_symbol", "main")}),
                       target="llvm")
     x = np.arange(8, dtype="float32").reshape(1, 8)
     out = tvm.runtime.tensor(np.zeros((1, 8), "float32"))
@@ -165,7 +166,7 @@ def test_interleaved_weight_and_deinterleave_are_inverse():
 
 def lstm_stack(seed):
     """Random unrolled LSTM stacks (sizes, layers and steps vary with the seed)."""
-    hidden = (4, 8, 6, 16)[seed]
+    hidden = (4, 8, 12, 16)[seed]
     return get_model("lstm_tc", seq_len=3 + seed, input_size=3 + 2 * seed, hidden=hidden,
                      layers=1 + seed % 3, seed=seed)
 
@@ -258,7 +259,7 @@ def run_cpu(func, seed=0):
     return [a.numpy() for a in args]
 
 
-@pytest.mark.parametrize("name", ["lstm_tc", "lstm_stack_3"])
+@pytest.mark.parametrize("name", ["lstm_tc", "seq2seq", "lstm_stack_0", "lstm_stack_2", "lstm_stack_3"])
 def test_scheduled_cell_computes_what_the_fused_function_does(name):
     for func, scheduled in scheduled_cells(MODELS[name]()):
         want = run_cpu(func)
@@ -336,3 +337,32 @@ def test_only_a_plain_row_times_matrix_is_a_gemv():
     k = te.reduce_axis((0, 3), name="k")
     transposed = te.compute((1, 4), lambda i, j: te.sum(a[i, k] * b[j, k], axis=k), name="matmul")
     assert not is_plain_matmul(te.create_prim_func([a, b, transposed]))
+
+
+def test_cell_tiling_takes_whole_warps_within_the_cap():
+    """Four gates: 4 units (16 columns) x 16 reduction threads for H = K = 256; fewer reduction
+    threads for a short K; fewer units when 4 does not divide H; None when no power-of-two split
+    of K makes whole warps (H = K = 6: 12 or 8 or 4 columns times 1 or 2 threads)."""
+    assert cell_tiling(256, 4, 256, 256) == (4, 16)
+    assert cell_tiling(256, 4, 256, 128) == (4, 8)
+    assert cell_tiling(16, 4, 4, 256) == (4, 4)
+    assert cell_tiling(6, 4, 8, 256) == (3, 8)  # 12 columns x 8 threads: three warps
+    assert cell_tiling(6, 4, 6, 256) is None
+    assert cell_tiling(128, 2, 64, 256) == (8, 16)  # two parts (a GRU's r, z): 8 units
+    for hidden, parts, k in [(256, 4, 256), (64, 4, 48), (10, 2, 24), (3, 8, 32)]:
+        tiling = cell_tiling(hidden, parts, k, 256)
+        if tiling is not None:
+            units, threads = tiling
+            assert hidden % units == 0 and k % threads == 0
+            assert (parts * units * threads) % 32 == 0 and parts * units * threads <= 256
+
+
+def test_a_cell_that_does_not_tile_stays_two_operators_in_one_rprogram():
+    """Hidden 6: no whole-warp tiling, so no fusion; the model is still one rProgram (fusing
+    would have left the cells ordinary kernels between rPrograms)."""
+    from tvm_rammer.inspection import inspect_model
+
+    model = get_model("lstm_tc", seq_len=4, input_size=5, hidden=6, layers=2)
+    assert not fused_cells(rewritten(model))
+    summary = inspect_model(model, tvm.target.Target("rammer/nvidia-h100"))
+    assert summary["rprograms"] == 1 and summary["launches"] == 1 and not summary["unplaced"]

@@ -12,8 +12,8 @@ more ``[1, H]`` outputs. FuseTIR makes that one PrimFunc; dlight cannot schedule
 2. the GEMV's result is laid out ``[1, H, P]`` (the same order) and its reduction split: ``TR``
    threads (``threadIdx.y``) each sum ``K / TR`` products, then reduce across threads (rfactor,
    as dlight's GEMV rule does for other targets);
-3. the output blocks' loops are tiled by ``U`` hidden units and merged into one loop, bound to
-   ``blockIdx.x``; the GEMV is computed under it for exactly the ``P * U`` columns its units need
+3. the output blocks' loops are tiled by ``U`` hidden units (:func:`cell_tiling`: 4 for an
+   LSTM whose width is a multiple of 4) and merged into one loop, bound to ``blockIdx.x``; the GEMV is computed under it for exactly the ``P * U`` columns its units need
    (``threadIdx.x``, one column each: the tile's row segment of ``W'`` is contiguous), into shared
    memory; the outputs' ``U`` units run on the first ``U`` threads after one barrier.
 
@@ -22,17 +22,37 @@ GEMV's work unchanged (dlight's GEMV takes 16 columns per block too), the tail's
 rTask gone from the recurrent critical path.
 
 Applies only to PrimFuncs holding a ``T_deinterleave`` block (made by that pass, nothing else); a
-function it cannot schedule so (shapes that do not tile) is left to dlight's rules.
+function it cannot schedule so (not one GEMV and injective blocks) is left to dlight's rules, which
+make it three kernels (the pass only fuses injective tails, so this is not expected).
 """
 from __future__ import annotations
 
 import tvm
 from tvm import s_tir, tirx
 
-__all__ = ["GEMVEpilogue", "DEINTERLEAVE_BLOCK"]
+__all__ = ["GEMVEpilogue", "DEINTERLEAVE_BLOCK", "cell_tiling"]
 
 DEINTERLEAVE_BLOCK = "T_deinterleave"
 COLUMNS_PER_RTASK = 16  # threadIdx.x: one GEMV column per thread, a 64-byte row segment of W'
+
+
+def cell_tiling(hidden: int, parts: int, k: int, max_threads: int) -> tuple | None:
+    """``(U, TR)``: hidden units per thread block and threads splitting the K-long reduction, or
+    None when no tiling fits. U divides ``hidden`` with ``P * U <= 16`` (the most such), TR is a
+    power of two dividing ``k``, and the block's ``P * U * TR`` threads are at most
+    ``max_threads`` and a multiple of 32 (an rTask narrower than its vEU syncs its active threads
+    with a named barrier, which counts whole warps). GEMVEpilogueFusion fuses only what tiles."""
+    widest = max(1, COLUMNS_PER_RTASK // parts)
+    for units in sorted((u for u in range(1, widest + 1) if hidden % u == 0), reverse=True):
+        columns = parts * units
+        reduce_threads = 1
+        while reduce_threads * 2 * columns <= max_threads and k % (reduce_threads * 2) == 0:
+            reduce_threads *= 2
+        while reduce_threads >= 1:
+            if (columns * reduce_threads) % 32 == 0:
+                return units, reduce_threads
+            reduce_threads //= 2
+    return None
 
 
 def _is_reduction(sch, block) -> bool:
@@ -105,13 +125,11 @@ def _schedule(func, target):
     if len(shape) != 2 or shape[0] != 1 or n_extent % shape[1]:
         return None
     hidden, parts = shape[1], n_extent // shape[1]
-    units = max(1, COLUMNS_PER_RTASK // parts)
     max_threads = int(target.attrs.get("max_num_threads", 256)) if hasattr(target, "attrs") else 256
-    reduce_threads = max_threads // (parts * units)
-    while reduce_threads > 1 and k_extent % reduce_threads:
-        reduce_threads //= 2
-    if hidden % units or reduce_threads < 1:
+    tiling = cell_tiling(hidden, parts, k_extent, max_threads)
+    if tiling is None:
         return None
+    units, reduce_threads = tiling
 
     # the GEMV's result as [1, H, P]: a tile of units is one box of it
     sch.transform_layout(gemv, ("write", 0), lambda i, n: (i, n // parts, n % parts))

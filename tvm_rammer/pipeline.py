@@ -62,7 +62,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
     if config.fusion and config.gemv_epilogue:
-        fusion.append(GEMVEpilogueFusion())            # after the groups: a cell's GEMV joins its tail
+        fusion.append(GEMVEpilogueFusion(config.max_rtask_threads))  # after the groups: cell = 1 op
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
     if config.batch_shared_matmuls:
         split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
