@@ -54,9 +54,9 @@ python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress --profile-d
 # The RNN cells' GEMV epilogue (GEMVEpilogueFusion) was chosen on predicted times: run LSTM-TC and
 # Seq2Seq at full size with and without it, one at a time (error vs onnxruntime, latency vs TVM's
 # default), so the GPU says whether it pays; also the L2 bandwidth the cost model assumes
-# (CostModelConfig.l2_bw_gbps) next to the measured one.
+# (CostModelConfig.l2_bw_gbps) next to the measured one. EPILOGUE_MODELS="" skips the runs.
 mkdir -p "$out/epilogue"
-for model in lstm_tc seq2seq; do
+for model in ${EPILOGUE_MODELS-lstm_tc seq2seq}; do
   python3 -m tvm_rammer.cli model "$model" -o "$out/epilogue/$model.onnx"
   for flag in "" --no-gemv-epilogue; do
     tag=${flag:+-no-epilogue}
