@@ -146,14 +146,19 @@ def _unread_outputs(graph, index):
     return [k for k, t in enumerate(node.outputs) if not _is_read(graph, t)]
 
 
-def _op_pattern(node, mod):
-    """The callee's op_pattern attr, or OPAQUE when it has none or the node is not a call_tir."""
-    if node.kind != "call_tir" or node.gvar not in mod.functions:
+def callee_pattern(mod, gvar):
+    """The op_pattern attr of the PrimFunc ``gvar``, or OPAQUE when it has none."""
+    if gvar not in mod.functions:
         return OPAQUE
-    attrs = mod[node.gvar].attrs
+    attrs = mod[gvar].attrs
     if attrs is None or "op_pattern" not in attrs:
         return OPAQUE
     return int(attrs["op_pattern"])
+
+
+def _op_pattern(node, mod):
+    """The callee's op_pattern attr, or OPAQUE when it has none or the node is not a call_tir."""
+    return callee_pattern(mod, node.gvar) if node.kind == "call_tir" else OPAQUE
 
 
 def _fusable_call(node, mod):

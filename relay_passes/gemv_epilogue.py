@@ -54,7 +54,7 @@ from tvm import relax, s_tir, te, tirx
 
 from tir_templates.gemv_epilogue import cell_tiling
 
-from .branch_fusion import INJECTIVE
+from .branch_fusion import BROADCAST, INJECTIVE, callee_pattern
 from .dataflow_graph import CALL_TIR, DataflowGraph
 
 __all__ = ["GEMVEpilogueFusion", "EPILOGUE_ATTR", "is_plain_matmul"]
@@ -128,14 +128,14 @@ def is_plain_matmul(func) -> bool:
 
 
 class _Gemv:
-    """One GEMV node: its input tensor, weight constant, sizes and, for a fused group of a
+    """One GEMV node: its matmul PrimFunc, input tensor, weight constant, sizes and, for a fused group of a
     matmul and its elementwise epilogue (``x @ W + b``), the epilogue: ``(callee, args, type,
     name)`` per call_tir after the matmul, each arg ``("gemv", None)`` for the matmul's result,
     ``("prev", k)`` for the k-th epilogue result or ``("ext", TensorRef)`` for a tensor from
     outside (a constant bias)."""
 
-    def __init__(self, node, input_, weight, epilogue=()):
-        self.node, self.input, self.weight = node, input_, weight
+    def __init__(self, node, matmul, input_, weight, epilogue=()):
+        self.node, self.matmul, self.input, self.weight = node, matmul, input_, weight
         self.k, self.n = (int(d) for d in weight.shape)
         self.output = node.outputs[0]
         self.epilogue = list(epilogue)
@@ -156,13 +156,18 @@ def _plain(graph, gvar, checked):
     return checked[name]
 
 
+def _group_bindings(mod, node):
+    """The callee and the bindings (in order) of a call of a fused group function."""
+    callee = mod[node.value.op]
+    return callee, [b for blk in callee.body.blocks for b in blk.bindings]
+
+
 def _group_gemv(graph, node, checked):
     """The _Gemv of a fused group ``call_tir(matmul, (a, W))`` followed by elementwise or
     broadcast call_tirs on its result and constants (``x @ W_x + b``), or None."""
     if not _is_group_or_call_tir(graph, node) or node.kind == "call_tir":
         return None
-    callee = graph.mod[node.value.op]
-    bindings = [b for blk in callee.body.blocks for b in blk.bindings]
+    callee, bindings = _group_bindings(graph.mod, node)
     outer = {p: graph.tensor_of_expr(a) for p, a in zip(callee.params, node.value.args)}
     first = bindings[0].value if bindings else None
     if not (isinstance(first, relax.Call) and first.op.same_as(CALL_TIR)
@@ -177,9 +182,7 @@ def _group_gemv(graph, node, checked):
         value = b.value
         if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR)):
             return None
-        callee_tir = graph.mod[value.args[0]]
-        pattern = int(callee_tir.attrs.get("op_pattern", 8)) if callee_tir.attrs else 8
-        if pattern > 1:  # elementwise or broadcast only: an epilogue of the GEMV's columns
+        if callee_pattern(graph.mod, value.args[0]) > BROADCAST:  # an epilogue of the columns
             return None
         args = []
         for x in value.args[1].fields:
@@ -193,7 +196,7 @@ def _group_gemv(graph, node, checked):
         epilogue.append((value.args[0], args, b.var.ty, str(b.var.name)))
     if local.get(callee.body.body) != (("prev", len(epilogue) - 1) if epilogue else ("gemv", None)):
         return None
-    return _Gemv(node, outer[a], outer[w], epilogue)
+    return _Gemv(node, first.args[0], outer[a], outer[w], epilogue)
 
 
 def _gemvs(graph):
@@ -206,7 +209,7 @@ def _gemvs(graph):
         if node.kind == "call_tir":
             if len(node.inputs) == 2 and node.inputs[1].is_constant \
                     and _plain(graph, node.gvar, checked):
-                found[node.index] = _Gemv(node, node.inputs[0], node.inputs[1])
+                found[node.index] = _Gemv(node, node.gvar, node.inputs[0], node.inputs[1])
         elif node.kind == "opaque":
             gemv = _group_gemv(graph, node, checked)
             if gemv is not None:
@@ -232,17 +235,12 @@ def _injective(graph, node):
     if node.kind == "call_tir":
         calls = [node.gvar]
     else:
-        callee = graph.mod[node.value.op]
-        calls = [b.value.args[0] for blk in callee.body.blocks for b in blk.bindings
+        _, bindings = _group_bindings(graph.mod, node)
+        calls = [b.value.args[0] for b in bindings
                  if isinstance(b.value, relax.Call) and b.value.op.same_as(CALL_TIR)]
-        if len(calls) != sum(len(blk.bindings) for blk in callee.body.blocks):
+        if len(calls) != len(bindings):
             return False
-    for gvar in calls:
-        func = graph.mod[gvar]
-        pattern = func.attrs.get("op_pattern", None) if func.attrs is not None else None
-        if pattern is None or int(pattern) > INJECTIVE:
-            return False
-    return True
+    return all(callee_pattern(graph.mod, gvar) <= INJECTIVE for gvar in calls)
 
 
 def _tail_of(graph, gemv):
@@ -332,16 +330,6 @@ def _deinterleave_func(n, parts, dtype):
     return func.with_attr("op_pattern", 2)
 
 
-def _group_body(mod, node):
-    """(params, bindings, result var) of the callee of an opaque group call, or a call_tir alone."""
-    value = node.value
-    if node.kind == "call_tir":
-        return None
-    callee = mod[value.op]
-    blocks = list(callee.body.blocks)
-    return list(callee.params), [b for blk in blocks for b in blk.bindings], callee.body.body
-
-
 class _FusedBuilder:
     """Builds one fused function: the GEMV, the de-interleave and the readers' bodies."""
 
@@ -373,9 +361,8 @@ class _FusedBuilder:
                               attrs={"Primitive": True, EPILOGUE_ATTR: self.parts}):
             with self.bb.dataflow():
                 out_ty = gemv_node.var.ty
-                matmul = gemv_node.gvar if not self.gemv.epilogue else \
-                    self.graph.mod[gemv_node.value.op].body.blocks[0].bindings[0].value.args[0]
-                inter = self.bb.emit(relax.call_tir(matmul, relax.Tuple([params[0], wparam]),
+                inter = self.bb.emit(relax.call_tir(self.gemv.matmul,
+                                                    relax.Tuple([params[0], wparam]),
                                                     out_ty=out_ty), "interleaved")
                 gates = self.bb.emit(relax.call_tir(self.deinterleave, relax.Tuple([inter]),
                                                     out_ty=out_ty), "gates")
@@ -396,9 +383,8 @@ class _FusedBuilder:
         if node.kind == "call_tir":
             args = [local[self.graph.tensor_of_expr(a)] for a in node.value.args[1].fields]
             return self._call(node.gvar, args, node.var.ty, str(node.var.name), memo)
-        params, bindings, result = _group_body(self.graph.mod, node)
-        call_args = list(node.value.args)
-        inner = {p: local[self.graph.tensor_of_expr(a)] for p, a in zip(params, call_args)}
+        callee, bindings = _group_bindings(self.graph.mod, node)
+        inner = {p: local[self.graph.tensor_of_expr(a)] for p, a in zip(callee.params, node.value.args)}
         for b in bindings:
             value = b.value
             if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR)):
@@ -406,7 +392,7 @@ class _FusedBuilder:
                                  "call_tir")
             args = [inner[a] if isinstance(a, relax.Var) else a for a in value.args[1].fields]
             inner[b.var] = self._call(value.args[0], args, b.var.ty, str(b.var.name), memo)
-        return inner[result]
+        return inner[callee.body.body]
 
     def _call(self, gvar, args, ty, name, memo):
         """One call_tir, computed once per (callee, arguments)."""
