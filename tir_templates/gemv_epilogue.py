@@ -28,6 +28,7 @@ make it three kernels (the pass only fuses injective tails, so this is not expec
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 __all__ = ["GEMVEpilogue", "DEINTERLEAVE_BLOCK", "cell_tiling"]
@@ -60,8 +61,6 @@ def _is_reduction(sch, block) -> bool:
 
 
 def _block_names(func) -> set:
-    import tvm_ffi
-
     names = set()
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: names.add(str(b.name_hint)))])
     return names

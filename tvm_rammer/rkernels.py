@@ -108,10 +108,11 @@ def param_bytes(func: tvm.tirx.PrimFunc) -> list:
     return out
 
 
-def flops_and_bytes(func: tvm.tirx.PrimFunc) -> tuple:
+def flops_and_bytes(func: tvm.tirx.PrimFunc, per_param: list | None = None) -> tuple:
     """FLOPs (TVM's estimate; 1 per output element when it cannot tell) and bytes of every
-    parameter region read or written once (:func:`param_bytes`)."""
-    nbytes = sum(param_bytes(func))
+    parameter region read or written once (``per_param``: :func:`param_bytes` of ``func``,
+    computed here when not given)."""
+    nbytes = sum(param_bytes(func) if per_param is None else per_param)
     try:
         flops = float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # estimate_tir_flops rejects some opaque loops
@@ -256,8 +257,8 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
                                 "(threads or shared memory)")
     for v in dropped:
         LOG.info("tvm-rammer: %s version %s dropped: %s", name, v["version"], v["reason"])
-    flops, nbytes = flops_and_bytes(func)
-    per_param = param_bytes(func) if resident else []
+    per_param = param_bytes(func)
+    flops, nbytes = flops_and_bytes(func, per_param)
     l2_bytes = float(sum(per_param[k] for k in resident))
     overhead = cost_config(config, vdevice).per_rtask_overhead_us
     kernels, timings, estimates = [], [], []
