@@ -1,6 +1,7 @@
 """Shared helpers for the tir_templates tests: small Relax models -> dlight-scheduled kernels,
 and a throw-away one-kernel persistent wrapper (grid = rTasks, block = vEU threads)."""
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 from tvm.script import relax as R
@@ -95,3 +96,14 @@ def persistent_wrapper(kernel, veu_threads, instantiate, copies=1):
 def cuda_source(func, target=TARGET) -> str:
     """CUDA source of ``func`` after TVM's full default (s_tir) build."""
     return resources.cuda_source(func, target)
+
+
+def serial_threads(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every thread-bound loop a serial loop: the same blocks, runnable on the CPU
+    (checks what a schedule computes, not how the GPU's threads share it)."""
+    def unbind(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body)
+        return loop
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, unbind)]))

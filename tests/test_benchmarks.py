@@ -240,17 +240,10 @@ def test_l2_read_kernel_reads_every_element_once_per_pass():
     of the grid's threads sums its strided share of the buffer ``passes`` times (checked on the
     CPU with the thread loops made serial), and it builds for sm_90a as one kernel."""
     import tvm
-    import tvm_ffi
-    from tvm import tirx
+    from conftest_tir import serial_threads
 
     func = fl.l2_read_kernel(mib=1, passes=3, blocks=4, threads=32)
-
-    def unbind(loop):
-        if loop.kind == tirx.ForKind.THREAD_BINDING:
-            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body)
-        return loop
-
-    serial = func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, unbind)]))
+    serial = serial_threads(func)
     lib = tvm.tirx.build(tvm.IRModule({"read_l2": serial}), "llvm")
     x = np.random.default_rng(0).standard_normal((1 << 20) // 4).astype("float32")
     out = tvm.runtime.tensor(np.zeros(128, "float32"))

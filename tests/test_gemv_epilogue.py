@@ -9,7 +9,6 @@ unscheduled function, and by the rTask shape it lowers to.
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
 from tvm import relax, te, tirx
 from tvm.relax.frontend.onnx import from_onnx
 
@@ -26,6 +25,7 @@ from tir_templates.gemv_epilogue import GEMVEpilogue, cell_tiling
 from tir_templates.prelower import prelower
 from tvm_rammer.models import REDUCED, get_model
 
+from conftest_tir import serial_threads
 from onnx_builders import random_inputs, run_onnxruntime, run_tvm_cpu
 
 H, K, X = 8, 8, 8  # the smallest cell that tiles: 4 units x 8 reduction threads x 4 gates
@@ -238,16 +238,6 @@ def scheduled_cells(model):
     return found
 
 
-def serial(func):
-    """``func`` with every thread-bound loop a serial loop (runs on the CPU, same blocks)."""
-    def unbind(loop):
-        if loop.kind == tirx.ForKind.THREAD_BINDING:
-            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body)
-        return loop
-    body = tvm_ffi.structural_map(func.body, [(tirx.For, unbind)])
-    return func.with_body(body).with_attr("global_symbol", "main")
-
-
 def run_cpu(func, seed=0):
     """Run a PrimFunc on random inputs on the CPU; its outputs (the last params, [1, H])."""
     rng = np.random.default_rng(seed)
@@ -263,7 +253,7 @@ def run_cpu(func, seed=0):
 def test_scheduled_cell_computes_what_the_fused_function_does(name):
     for func, scheduled in scheduled_cells(MODELS[name]()):
         want = run_cpu(func)
-        got = run_cpu(serial(scheduled))
+        got = run_cpu(serial_threads(scheduled))
         n_out = len(func.params) - 4  # h, weight, the input half, c ... then the outputs
         for g, w in zip(got[-n_out:], want[-n_out:]):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
