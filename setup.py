@@ -1,12 +1,29 @@
-"""tvm-rammer: Rammer (OSDI'20) holistic rTask scheduling for Apache TVM."""
-from setuptools import setup
+"""tvm-rammer: Rammer (OSDI'20) holistic rTask scheduling for Apache TVM.
+
+Packages are found, not listed (``find_packages``): a new subpackage is in the wheel without
+touching this file. The version is read from ``tvm_rammer/version.py`` (its one source; importing
+``tvm_rammer`` here would need TVM at build time). Package data: the shipped profile databases
+(``tvm_rammer/profiles/*.json``) and every file under ``tvm_rammer/emulator/include/`` (the CPU
+emulator's C++ headers and runtime). ``tests/test_install.py`` builds the wheel, installs it into a
+fresh virtual environment and checks that every module and data file is there.
+"""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+VERSION = re.search(r'^__version__ = "([^"]+)"$',
+                    (ROOT / "tvm_rammer" / "version.py").read_text(), re.M).group(1)
+PACKAGES = ["tvm_rammer", "relay_passes", "tir_templates"]
 
 setup(
     name="tvm-rammer",
-    version="0.1.0",
+    version=VERSION,
     description="Rammer-style persistent-kernel compilation (rTasks, vEUs, rPrograms) for Apache TVM",
-    packages=["tvm_rammer", "tvm_rammer.codegen", "tvm_rammer.models", "tvm_rammer.benchmarks",
-              "tvm_rammer.tuning", "relay_passes", "tir_templates"],
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=[p for name in PACKAGES for p in (name, f"{name}.*")]),
     python_requires=">=3.10",
     install_requires=[
         "apache-tvm==0.27.0.post1",
@@ -16,13 +33,16 @@ setup(
         "onnx",
         "tqdm",
     ],
-    package_data={"tvm_rammer": ["profiles/*.json"]},
+    # "**" needs setuptools >= 62.3 (pyproject.toml's build requirement)
+    package_data={"tvm_rammer": ["profiles/*.json", "emulator/include/**/*"]},
     extras_require={
         # the tutorials run as notebooks in a Jupyter kernel (tests/test_tutorials.py)
         "test": ["pytest", "onnxruntime", "matplotlib", "nbclient", "nbformat", "ipykernel"],
         "bench": ["onnxruntime", "matplotlib"],
         "timeline": ["matplotlib"],  # the PNG of `--timeline` (the Perfetto JSON needs nothing)
         "torch": ["torch", "onnx2torch"],
+        # NVRTC, TVM's default CUDA compiler on a GPU host (without it: nvcc, see `tvm-rammer doctor`)
+        "gpu": ["cuda-python"],
     },
     entry_points={"console_scripts": ["tvm-rammer=tvm_rammer.cli:main"]},
 )

@@ -8,8 +8,9 @@ from .config import RammerConfig
 from .frontend import compile, import_onnx, lower  # noqa: A004
 from .pipeline import install, rammer_pipeline
 from .target import is_rammer_target, rammer_target
+from .version import __version__
 
 install()
 
-__all__ = ["RammerConfig", "compile", "import_onnx", "lower", "rammer_pipeline", "rammer_target",
-           "is_rammer_target", "install"]
+__all__ = ["__version__", "RammerConfig", "compile", "import_onnx", "lower", "rammer_pipeline",
+           "rammer_target", "is_rammer_target", "install"]

@@ -325,8 +325,21 @@ def _model_list() -> str:
     return "models and their --param arguments:\n" + "\n".join(lines)
 
 
+def _version_line() -> str:
+    """``tvm-rammer X (TVM Y) at PATH``: what ``--version`` prints (the path tells an installed copy
+    from a checkout)."""
+    import os
+
+    import tvm
+
+    from .version import __version__
+    return (f"tvm-rammer {__version__} (TVM {tvm.__version__}) at "
+            f"{os.path.dirname(os.path.abspath(__file__))}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-rammer", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="compile an ONNX model to a library")
     _add_common(p)
