@@ -1,7 +1,6 @@
 """Faults: a wait that can never complete ends the kernel with a record the host turns into an
-error naming the vEU and the rTask (the run itself is a GPU test in test_gpu.py)."""
-import ctypes
-
+error naming the vEU and the rTask (the run itself is a GPU test in test_gpu.py and an emulator
+test in test_emulator.py). The page is memory the module owns, read through TVM's VM."""
 import numpy as np
 import pytest
 import tvm
@@ -50,13 +49,25 @@ def test_the_injected_barrier_waits_for_a_step_nobody_publishes(injected):
     assert problems and problems[0].startswith("deadlock:")
 
 
-def test_the_kernel_takes_the_fault_page_from_the_packed_function(injected):
+def test_every_kernel_takes_the_modules_one_fault_page_constant(injected):
     ((name, func),) = _persistent(injected).items()
     assert func.attrs["rammer.fault_page"]
     assert int(func.attrs["rammer.state_words"]) == func.attrs["rammer.num_veus"] + \
         cuda_helpers.STATE_WORDS
     text = injected["main"].script()
-    assert f'"{faults.FAULT_PAGE_FUNC}"' in text and name in text
+    assert name in text and "call_pure_packed" not in text and "tvm_rammer" not in text
+    # the function returning the page returns the very constant main passes to the kernel
+    page = injected[faults.PAGE_FUNC].body.body
+    assert isinstance(page, tvm.ir.expr.Constant)
+    assert (page.value.numpy() == faults.empty_page()).all()
+    def args(expr):
+        for arg in getattr(expr, "args", None) or getattr(expr, "fields", None) or []:
+            yield arg
+            yield from args(arg)
+
+    passed = [arg for block in injected["main"].body.blocks for binding in block.bindings
+              for arg in args(binding.value) if arg.same_as(page)]
+    assert len(passed) == 1
 
 
 @pytest.mark.nvcc
@@ -100,41 +111,35 @@ def test_the_message_names_the_kernel_the_veu_and_the_rtask():
     assert faults.describe(_words()) is None
 
 
-class _FakePage:
-    def __init__(self, words):
-        self.words = list(words)
-
-    def words_now(self):
-        return list(self.words)
-
-    def clear(self):
-        self.words = [0] * len(self.words)
+def _cpu_vm(mod):
+    """A VM on the CPU over ``mod``'s executable with its CUDA module taken out: the VM's
+    function pool (and the page's Relax function) need nothing else."""
+    ex = tvm.compile(mod, target=rammer_target("nvidia/nvidia-h100"))
+    ex.mod.imports[0].clear_imports()
+    return relax.VirtualMachine(ex, tvm.cpu())
 
 
-def test_check_raises_once_and_clears_the_page(monkeypatch):
-    page = _FakePage(_words(code=1, kernel=0, veu=2, instruction=1, awaited_veu=0,
-                            awaited_step=10 ** 9, reached_step=1))
-    monkeypatch.setitem(faults._PAGES, 0, page)
+def test_check_reads_the_page_through_the_vm_raises_once_and_clears_it(injected):
+    vm = _cpu_vm(injected)
+    faults.check(vm)  # a clean page: nothing to raise
+    words = np.array(_words(code=1, kernel=0, veu=2, instruction=1, awaited_veu=0,
+                            awaited_step=10 ** 9, reached_step=1), dtype="int32")
+    words[-1] = faults.PAGE_MAGIC
+    vm[faults.PAGE_FUNC]().copyfrom(words)  # what the kernel writes when a wait gives up
     with pytest.raises(faults.KernelFault, match="vEU 2 waited") as info:
-        faults.check()
+        faults.check(vm)
     assert info.value.record["awaited_step"] == 10 ** 9
-    faults.check()  # cleared: nothing to raise any more
-    assert faults.read_fault(0) is None
+    faults.check(vm)  # cleared: nothing to raise any more
+    assert faults.read_fault(vm) is None
+    assert (vm[faults.PAGE_FUNC]().numpy() == faults.empty_page()).all()
 
 
-def test_the_page_view_is_a_tvm_tensor_over_the_same_memory():
-    """The DLPack view the packed function hands to Relax (on the GPU: the mapped host page)."""
-    raw = (ctypes.c_int32 * (faults.PAGE_WORDS + 16))()
-    address = (ctypes.addressof(raw) + 63) // 64 * 64  # TVM wants 64-byte aligned data
-    words = (ctypes.c_int32 * faults.PAGE_WORDS).from_address(address)
-    tensor = tvm.runtime.from_dlpack(faults._View(address, faults.PAGE_WORDS, 1, 0))  # CPU
-    assert tensor.shape == (faults.PAGE_WORDS,) and str(tensor.dtype) == "int32"
-    words[3] = 42
-    assert tensor.numpy()[3] == 42
-
-
-def test_the_packed_function_is_registered_on_import():
-    import tvm_ffi
-
-    assert tvm_ffi.get_global_func(faults.FAULT_PAGE_FUNC) is not None
-    assert isinstance(faults.fault_page_call(relax.const(np.zeros(4, "int32"))), relax.Call)
+def test_a_module_without_barriers_has_no_page_and_check_passes():
+    mod = lower(import_onnx(get_model("branches", n=1, k=16, n_out=8)), TARGET,
+                RammerConfig(profile=False))
+    if any(f.attrs["rammer.fault_page"] for f in _persistent(mod).values()):
+        pytest.skip("this model's rProgram has barriers")
+    assert faults.PAGE_FUNC not in [gv.name_hint for gv in mod.get_global_vars()]
+    vm = _cpu_vm(mod)
+    assert faults.read_fault(vm) is None
+    faults.check(vm)

@@ -43,7 +43,7 @@ from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, en
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
 from .executor import MANIFEST_ATTR, build_manifest
-from .faults import fault_page_call, inject_test_fault
+from .faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
 from .policies import get_policy
 from .policy import OpGraph
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
@@ -74,14 +74,22 @@ class BuiltRProgram:
     schedule: dict | None = None  # timeline.schedule_of: what the timeline needs (inspect, run)
     manifest: dict | None = None  # executor.build_manifest: what the reference executor checks
 
-    def call(self) -> RProgramCall:
-        """What the Relax rewrite needs to emit this rProgram."""
+    @property
+    def uses_fault_page(self) -> bool:
+        """Whether the persistent kernel takes the module's fault page (it has barriers)."""
+        return bool(self.func.attrs.get("rammer.fault_page", False))
+
+    def call(self, fault_page: tvm.ir.expr.Constant | None = None) -> RProgramCall:
+        """What the Relax rewrite needs to emit this rProgram. ``fault_page``: the module's one
+        page (``faults.page_constant``), required when :attr:`uses_fault_page`."""
         args = list(self.tensors.input_exprs)
         if self.tensors.blob is not None:
             args.append(_uint8_const(self.tensors.blob))
         args.append(relax.const(self.table, "int32"))
-        if self.func.attrs.get("rammer.fault_page", False):
-            args.append(fault_page_call(args[-1]))
+        if self.uses_fault_page:
+            if fault_page is None:
+                raise ValueError(f"{self.spec.name} has barriers: pass the module's fault page")
+            args.append(fault_page)
         extra = []
         if self.tensors.arena_bytes:
             extra.append(relax.TensorType((self.tensors.arena_bytes,), "uint8"))
@@ -474,7 +482,11 @@ class RammerBackend:
         with _phase(phases, "ordinary kernels: TVM default schedule"):
             mod = _with_default_kernels(mod, graph, result.unplaced, target)
         with _phase(phases, "Relax rewrite"):
-            mod = RammerGroupRPrograms([r.call() for r in result.rprograms])(mod)
+            # one fault page per module, returned by its function rammer_fault_page (faults.py)
+            page = page_constant() if any(r.uses_fault_page for r in result.rprograms) else None
+            mod = RammerGroupRPrograms([r.call(page) for r in result.rprograms])(mod)
+            if page is not None:
+                mod[PAGE_FUNC] = page_function(page)
         unplaced = [{"name": graph.nodes[i].name, "reason": reason,
                      "kernel": graph.nodes[i].gvar.name_hint if graph.nodes[i].gvar else None}
                     for i, reason in result.unplaced.items()]

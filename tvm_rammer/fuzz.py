@@ -253,7 +253,7 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
         ex = rammer_compile(mod, config=config)
         vm = relax.VirtualMachine(ex, tvm.cuda(0))
         outs = _flatten(vm["main"](*[tvm.runtime.tensor(feeds[n], tvm.cuda(0)) for n in names]))
-        faults.check(tvm.cuda(0))
+        faults.check(vm)
     except Exception as err:  # noqa: BLE001
         return {"status": "fail", "stage": "gpu", "problems": [_first_line(err)]}
     worst = max((relative_error(o, r) for o, r in zip(outs, reference)), default=0.0)

@@ -62,7 +62,7 @@ def _launch(vm, args, dev=None):
     try:
         out = vm["main"](*args)
         if dev is not None:
-            faults.check(dev)
+            faults.check(vm)
         return out
     except faults.KernelFault:
         raise

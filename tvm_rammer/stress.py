@@ -66,20 +66,19 @@ def _local_target():
 def back_to_back(runs: int = 10_000) -> dict:
     """``runs`` runs of one module; every output equal to the first run's, bit for bit."""
     import numpy as np
-    import tvm
 
     from tvm_rammer import faults
 
     start = time.monotonic()
     _, _, vm, args, _ = _compile(*STRESS_MODEL)
     first = _outputs(vm["main"](*args))
-    faults.check(tvm.cuda(0))
+    faults.check(vm)
     mismatches = 0
     for i in range(runs):
         out = vm["main"](*args)
         if i % 100 == 99 or i == runs - 1:  # compare often, without a sync per run
             mismatches += any(not np.array_equal(a, b) for a, b in zip(_outputs(out), first))
-    faults.check(tvm.cuda(0))
+    faults.check(vm)
     return {"runs": runs, "compared": runs // 100 + 1, "mismatches": int(mismatches),
             "seconds": round(time.monotonic() - start, 1), "ok": mismatches == 0}
 
@@ -120,8 +119,6 @@ def threads(count: int = 8, runs: int = 300) -> dict:
 def run_model(name: str) -> int:
     """One reduced zoo model compiled and run once, compared with onnxruntime (the process the
     sanitizer watches). Exit status 0 when it matched."""
-    import tvm
-
     from tvm_rammer import faults
     from tvm_rammer.models import REDUCED
     from tvm_rammer.numerics import relative_error
@@ -129,7 +126,7 @@ def run_model(name: str) -> int:
 
     model, _, vm, args, feeds = _compile(name, REDUCED.get(name, {}))
     outs = _outputs(vm["main"](*args))
-    faults.check(tvm.cuda(0))
+    faults.check(vm)
     worst = max(relative_error(o, r) for o, r in zip(outs, onnx_reference(model, feeds)))
     print(f"{name}: max relative error {worst:.3g}")
     return 0 if worst <= 1e-4 else 1
