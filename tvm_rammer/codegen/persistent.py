@@ -23,7 +23,7 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
 * a shared-memory pool larger than 48 KB (tensor-core rTasks with large tiles) is allocated as
   dynamic shared memory ("shared.dyn"): TVM passes its size at launch and opts the kernel in.
 * faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
-  extra words and in the host-mapped fault page (an extra input, ``tvm_rammer.faults``), every vEU
+  extra words and in the module's fault page (an extra input, ``tvm_rammer.faults``), every vEU
   skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
   raises an error naming the vEU and the rTask, and the CUDA context stays usable.
 
@@ -261,7 +261,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
     Parameters: the input tensors, the program table, with barriers the fault page
-    (``int32[cuda_helpers.PAGE_WORDS]``, host-mapped), the output tensors, the state
+    (``int32[cuda_helpers.PAGE_WORDS]``, a constant the module owns), the output tensors, the state
     (``int32[num_veus + cuda_helpers.STATE_WORDS + counters]``: the steps, the fault record, then
     ``counters`` operator-completion counters; see the module docstring).
     ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
