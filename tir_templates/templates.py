@@ -129,14 +129,20 @@ def schedule_spatial(func: tirx.PrimFunc, threads: int, per_thread: int = 1) -> 
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     if r_loops:
+        # One output at a time: its accumulator is initialised, reduced and written back inside
+        # ``vec``. Under ``tx`` instead, the write-back would cover the bounding box of the thread's
+        # ``per_thread`` outputs in the output's own dimensions: whole rows or planes whenever
+        # ``per_thread`` does not divide the innermost extent (4 outputs of a 7x7 plane), so each
+        # thread would also store the other threads' outputs from its uninitialised local buffer.
+        # (With one output per thread the two are the same; ``tx`` keeps those versions' keys.)
         local = sch.cache_write(block, 0, "local")
-        sch.reverse_compute_at(local, tx)
+        sch.reverse_compute_at(local, vec if per_thread > 1 else tx)
         if epilogue is not None:
             try:
                 sch.reverse_compute_inline(epilogue)
             except Exception:  # pylint: disable=broad-except  (not elementwise on the output)
                 return None
-        sch.decompose_reduction(block, vec if per_thread > 1 else r_loops[0])
+        sch.decompose_reduction(block, r_loops[0])
     return _finish(sch)
 
 
