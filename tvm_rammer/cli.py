@@ -11,6 +11,7 @@ import logging
 import sys
 
 from .config import POLICIES, RammerConfig
+from .host import preflight
 
 DEFAULT_TARGET = "rammer/nvidia-h100"
 
@@ -208,10 +209,12 @@ def _format_shares(timelines) -> str:
 
 
 def _write_timeline(out: str, timelines, title: str) -> None:
+    from .host.packages import missing
     from .timeline_view import write
 
-    paths = write(out, timelines, title)
-    print(f"tvm-rammer: wrote {paths[0]} (open it in ui.perfetto.dev) and {paths[1]}",
+    paths = write(out, timelines, title, png=not missing("matplotlib"))  # (preflight warned)
+    print(f"tvm-rammer: wrote {paths[0]} (open it in ui.perfetto.dev)"
+          + (f" and {paths[1]}" if paths[1] else ", no PNG (matplotlib is not installed)"),
           file=sys.stderr)
 
 
@@ -338,7 +341,8 @@ def _version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tvm-rammer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tvm-rammer", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="compile an ONNX model to a library")
@@ -394,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .fuzz import register as register_fuzz
 
     register_fuzz(sub)
+    from .host.doctor import register as register_doctor
+
+    register_doctor(sub, DEFAULT_TARGET)
     return parser
 
 
@@ -404,6 +411,8 @@ def main(argv=None) -> int:
     try:
         if hasattr(args, "max_rtask_threads"):
             _config(args)  # bad option values fail before any model is loaded
+        for warning in preflight.check(args.command, args):  # what is missing, said at the start
+            print(f"tvm-rammer: warning: {warning}", file=sys.stderr)
         _bind_model(args)  # --input-shape / --batch, for every command that takes a model file
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as err:

@@ -43,6 +43,7 @@ from tir_templates.gemv_epilogue import GEMVEpilogue
 from .backend import RammerBackend
 from .codegen.tir_pipeline import install as install_tir_pipeline
 from .config import RammerConfig
+from .host.cuda_compile import install as install_cuda_compile
 from .launches import count_launches
 from .report import UNPLACED_ATTR, unplaced_operators
 from .shapes import unbound_message, unbound_params
@@ -208,8 +209,9 @@ def default_launches_at_least(fused: tvm.IRModule) -> int:
 
 
 def install() -> None:
-    """Register the ``rammer`` pipeline, the ``rammer/...`` tags, the rammer-target dispatch and the
-    TIR pipeline that leaves prelowered persistent kernels' bodies alone (``codegen.tir_pipeline``).
+    """Register the ``rammer`` pipeline, the ``rammer/...`` tags, the rammer-target dispatch, the
+    TIR pipeline that leaves prelowered persistent kernels' bodies alone (``codegen.tir_pipeline``)
+    and the CUDA compile callback that uses nvcc where NVRTC is not usable (``host.cuda_compile``).
 
     Idempotent; called when ``tvm_rammer`` is imported.
     """
@@ -221,6 +223,7 @@ def install() -> None:
             lambda config=None, **kwargs: rammer_pipeline(config=_config_from(config, kwargs)))
     register_tags()
     install_tir_pipeline()  # tvm.compile does not lower the persistent kernels a second time
+    install_cuda_compile()  # nvcc where NVRTC is not usable (host.cuda_compile)
     current = cuda_backend.get_default_pipeline
     if getattr(current, "_rammer_dispatch", False):
         return

@@ -12,13 +12,15 @@
   barrier-rTasks dark grey. Readable at hundreds of vEUs: with more than 64 rows only the SM groups
   are labelled. matplotlib (object API only: no pyplot state, no backend chosen) is imported here
   only, when a PNG is asked for (``pip install matplotlib`` or the ``timeline`` extra).
-- :func:`write` writes both, ``OUT.json`` and ``OUT.png``.
+- :func:`write` writes both, ``OUT.json`` and ``OUT.png`` (the JSON only without matplotlib).
 """
 from __future__ import annotations
 
 import json
 import os
+import warnings
 
+from .host import packages
 from .timeline import shares
 
 __all__ = ["trace_events", "write_trace", "plot", "write_png", "write", "output_paths"]
@@ -198,15 +200,23 @@ def output_paths(out: str) -> tuple:
     return f"{base}.json", f"{base}.png"
 
 
-def write(out: str, timelines, title: str | None = None) -> tuple:
-    """Write ``OUT.json`` (Perfetto) and ``OUT.png``; returns both paths."""
+def write(out: str, timelines, title: str | None = None, png: bool = True) -> tuple:
+    """Write ``OUT.json`` (Perfetto) and, with ``png``, ``OUT.png``; returns ``(json path, png path
+    or None)``. Without matplotlib the PNG is skipped with a warning (the CLI passes
+    ``png=False`` then, having said so before the command started)."""
     if not timelines:
         raise ValueError("the model has no rProgram: there is no persistent kernel to show")
     json_path, png_path = output_paths(out)
     directory = os.path.dirname(os.path.abspath(json_path))
     if not os.path.isdir(directory):
         raise ValueError(f"--timeline {out}: directory {directory} does not exist")
+    if png and packages.missing("matplotlib"):
+        warnings.warn(f"matplotlib is not installed: {png_path} is not drawn, only {json_path} "
+                      "(pip install matplotlib)", stacklevel=2)
+        png = False
     write_trace(json_path, timelines)
+    if not png:
+        return json_path, None
     write_png(png_path, timelines, title)
     return json_path, png_path
 

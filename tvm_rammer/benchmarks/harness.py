@@ -144,6 +144,7 @@ def bench_model(job: dict, emit) -> None:
 
     from ..config import RammerConfig
     from ..frontend import import_onnx
+    from ..host.packages import why_missing
     from ..models import get_model
     from ..numerics import relative_error
     from ..runner import onnx_reference, random_inputs
@@ -219,7 +220,9 @@ def bench_model(job: dict, emit) -> None:
     torch_systems = [s for s in sysmod.TORCH_SYSTEMS if s in systems]
     if not torch_systems:
         return
-    why = NO_GPU if not timing else sysmod.torch_available()
+    # a missing package first (the CLI noted it at the start), then no GPU, then torch's own check
+    why = (why_missing("torch") or why_missing("onnx2torch")
+           or (NO_GPU if not timing else sysmod.torch_available()))
     if why:
         for s in torch_systems:
             emit({"event": "result", "system": s, "result": {"status": "skipped", "reason": why}})

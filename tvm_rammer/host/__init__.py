@@ -1,0 +1,14 @@
+"""What this machine can do with tvm-rammer, and the fixes for what it cannot.
+
+- :mod:`.packages`: the optional Python packages (onnxruntime, matplotlib, torch, cuda-python):
+  installed or not, and the ``pip install`` that adds each.
+- :mod:`.cuda_compile`: how TVM compiles CUDA here (NVRTC or nvcc), and the fallback to nvcc that
+  importing tvm_rammer installs in TVM's ``tvm_callback_cuda_compile`` when NVRTC is not usable.
+- :mod:`.preflight`: what a command needs, checked before it starts (a missing requirement is an
+  error naming the fix; a missing optional package a warning saying what is skipped).
+- :mod:`.doctor`: ``tvm-rammer doctor``, every check on one screen (``--json`` too).
+
+Nothing here imports the CLI, the pipeline or the benchmarks.
+"""
+
+__all__ = ["packages", "cuda_compile", "preflight", "doctor"]

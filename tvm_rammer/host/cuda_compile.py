@@ -1,0 +1,130 @@
+"""How TVM compiles CUDA on this machine, and the fallback to nvcc when NVRTC is not usable.
+
+TVM compiles a module's CUDA source when its CUDA runtime is loaded (a host with the NVIDIA
+driver), through the packed function ``tvm_callback_cuda_compile`` (``tvm/support/nvcc.py``): NVRTC
+by default, which needs the ``cuda-python`` package (``cuda.bindings.nvrtc``), or nvcc when
+``TVM_CUDA_COMPILE_MODE=nvcc``. Without cuda-python every GPU build would fail deep inside TVM.
+
+The choice (:func:`compiler_choice`):
+
+1. ``TVM_CUDA_COMPILE_MODE`` set: the user's choice, TVM's behaviour unchanged;
+2. NVRTC usable (cuda.bindings imports and ``nvrtcVersion`` answers): NVRTC, TVM's default;
+3. else nvcc on ``PATH``: nvcc (a fatbin, as TVM's nvcc mode builds);
+4. else none: a build fails at once with the fix (``pip install cuda-python`` or the CUDA toolkit).
+
+:func:`install` registers :func:`compile_callback` as ``tvm_callback_cuda_compile`` (TVM's own
+registry, override; idempotent), which applies the choice and delegates the compile to TVM's
+``tvm.support.nvcc``. Importing tvm_rammer installs it (``pipeline.install``). Why the callback and
+not setting ``TVM_CUDA_COMPILE_MODE`` for the user: the callback is TVM's hook for exactly this
+choice, it works for the Python API as well as the CLI, it leaves the process environment alone,
+and it changes nothing where TVM's default works (it only replaces a certain failure). It applies
+to every CUDA build of the process, TVM's default pipeline included (``run`` and ``bench`` build
+that as the baseline).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+__all__ = ["CompilerChoice", "compiler_choice", "nvrtc_status", "nvcc_status",
+           "tvm_builds_cuda", "compile_callback", "install", "NO_COMPILER"]
+
+CALLBACK = "tvm_callback_cuda_compile"
+ENV = "TVM_CUDA_COMPILE_MODE"
+NO_COMPILER = ("no CUDA compiler: NVRTC needs cuda-python (`pip install cuda-python`, or the [gpu] "
+               "extra) and nvcc is not on PATH (install the CUDA toolkit); `tvm-rammer doctor` "
+               "shows what this machine has")
+
+
+@dataclass(frozen=True)
+class CompilerChoice:
+    """``compiler``: "nvrtc", "nvcc" or None (none usable); ``why``: how it was chosen."""
+
+    compiler: str | None
+    why: str
+
+
+@functools.cache
+def nvrtc_status() -> tuple:
+    """``(usable, detail)``: whether NVRTC can compile (cuda.bindings.nvrtc imports and reports its
+    version), with its version or the reason it cannot. Probed once per process."""
+    try:
+        from cuda.bindings import nvrtc  # pylint: disable=import-outside-toplevel
+    except ModuleNotFoundError:
+        return False, "cuda-python is not installed"
+    except Exception as err:  # the library failing to load  # pylint: disable=broad-except
+        return False, f"cuda-python does not import ({type(err).__name__}: {err})"
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as exc:  # libnvrtc.so not found  # pylint: disable=broad-except
+        return False, f"cuda-python is installed but NVRTC does not load ({exc})"
+    if int(err) != 0:
+        return False, f"nvrtcVersion failed ({err})"
+    return True, f"NVRTC {major}.{minor}"
+
+
+@functools.cache
+def nvcc_status() -> tuple:
+    """``(path or None, version or reason)`` of the nvcc on PATH (the one TVM calls)."""
+    path = shutil.which("nvcc")
+    if path is None:
+        return None, "nvcc is not on PATH"
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        return path, f"`nvcc --version` failed ({err})"
+    found = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return path, (found.group(2) if found else "unknown version")
+
+
+def tvm_builds_cuda() -> bool:
+    """Whether TVM's CUDA runtime is loaded here (a host with the NVIDIA driver): only then does a
+    build compile the CUDA source (without it TVM keeps the source and compiles nothing)."""
+    import tvm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    return tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None
+
+
+def compiler_choice() -> CompilerChoice:
+    """The CUDA compiler a build uses here (see the module docstring for the order)."""
+    mode = os.environ.get(ENV)
+    if mode:
+        return CompilerChoice(mode.lower(), f"{ENV}={mode}")
+    usable, detail = nvrtc_status()
+    if usable:
+        return CompilerChoice("nvrtc", f"TVM's default ({detail})")
+    path, version = nvcc_status()
+    if path:
+        return CompilerChoice("nvcc", f"NVRTC is not usable ({detail}); nvcc {version} at {path}")
+    return CompilerChoice(None, NO_COMPILER)
+
+
+def compile_callback(code, *args):
+    """``tvm_callback_cuda_compile``: TVM's own callback under the choice above, nvcc when only
+    nvcc works, a RuntimeError naming the fix when nothing does. Returns the binary TVM loads."""
+    from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
+
+    choice = compiler_choice()
+    if os.environ.get(ENV) or choice.compiler == "nvrtc":
+        return nvcc.tvm_callback_cuda_compile(code, *args)
+    if choice.compiler == "nvcc":
+        return nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc")
+    raise RuntimeError(f"cannot compile CUDA: {NO_COMPILER}")
+
+
+def install() -> None:
+    """Register :func:`compile_callback` as TVM's ``tvm_callback_cuda_compile`` (idempotent).
+
+    ``tvm.support.nvcc`` is imported first, so that TVM's own registration (done when that module
+    is imported) never replaces this one later."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+    from tvm.support import nvcc  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    tvm_ffi.register_global_func(CALLBACK, compile_callback, override=True)
