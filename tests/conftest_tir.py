@@ -1,12 +1,12 @@
 """Shared helpers for the tir_templates tests: small Relax models -> dlight-scheduled kernels,
 and a throw-away one-kernel persistent wrapper (grid = rTasks, block = vEU threads)."""
 import tvm
-import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
+from tir_templates.serial_run import serial_threads  # noqa: F401  (the tests' import)
 from tvm_rammer import resources
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -96,14 +96,3 @@ def persistent_wrapper(kernel, veu_threads, instantiate, copies=1):
 def cuda_source(func, target=TARGET) -> str:
     """CUDA source of ``func`` after TVM's full default (s_tir) build."""
     return resources.cuda_source(func, target)
-
-
-def serial_threads(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with every thread-bound loop a serial loop: the same blocks, runnable on the CPU
-    (checks what a schedule computes, not how the GPU's threads share it)."""
-    def unbind(loop):
-        if loop.kind == tirx.ForKind.THREAD_BINDING:
-            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body)
-        return loop
-
-    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, unbind)]))
