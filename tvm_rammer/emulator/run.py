@@ -1,0 +1,73 @@
+"""``tvm-rammer run --emulate`` and the demo without a GPU: both pipelines on the emulator, checked.
+
+:func:`run_model` is :func:`tvm_rammer.runner.run_model` with the emulator for the GPU: the model
+compiled with tvm-rammer's pipeline and with TVM's default pipeline, each run once on seeded inputs
+and compared with onnxruntime (with TVM's default pipeline's outputs when onnxruntime is missing).
+The result has the GPU run's keys (``rammer.max_rel_err``, ``default.max_rel_err``, ``ok``,
+``reference``) with ``"device": "emulator"``; its times are the emulator's wall seconds on this CPU
+(``emulated_wall_s``), never GPU latencies, so there is no ``latency_us`` and no speedup.
+"""
+
+from __future__ import annotations
+
+from ..config import RammerConfig
+from ..frontend import load_onnx
+from ..host import packages
+from ..numerics import relative_error
+from ..runner import REFERENCE_DEFAULT, onnx_reference, random_inputs
+from ..shapes import bind_shapes
+from . import emulate, emulation_build
+
+__all__ = ["run_model", "format_result", "PIPELINES"]
+
+PIPELINES = ("rammer", "default")
+
+
+def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
+              tolerance: float = 1e-4, shapes: dict | None = None, batch: int | None = None,
+              order="forward", wall_limit_s: float = 600.0) -> dict:
+    """Both pipelines on the emulator against the reference (see the module docstring).
+
+    Per pipeline: ``max_rel_err``, ``emulated_wall_s``, ``gxx_s`` (the C++ build, 0.0 when
+    cached), ``build_s`` (the model's compilation) and ``launches`` (kernel launches of the run).
+    Raises ``faults.KernelFault`` when a persistent kernel recorded a fault."""
+    proto = bind_shapes(load_onnx(model), shapes, batch)
+    feeds = random_inputs(proto, seed)
+    ref = None if packages.missing("onnxruntime") else onnx_reference(proto, feeds)
+    results = {"device": "emulator", "model": getattr(proto.graph, "name", ""),
+               "reference": "onnxruntime" if ref is not None else REFERENCE_DEFAULT,
+               "order": order}
+    outputs = {}
+    for label in PIPELINES:
+        build = emulation_build(proto, target, config, pipeline=label)
+        run = emulate(build, feeds, order=order, wall_limit_s=wall_limit_s)
+        outputs[label] = run.outputs
+        results[label] = {"emulated_wall_s": run.emulated_wall_s, "gxx_s": run.gxx_seconds,
+                          "build_s": run.build_seconds, "launches": len(run.launches)}
+    ref = outputs["default"] if ref is None else ref
+    for label, outs in outputs.items():
+        if len(outs) != len(ref):
+            raise ValueError(f"the {label} pipeline returned {len(outs)} outputs, the reference "
+                             f"{len(ref)}")
+        errs = [relative_error(o, r) for o, r in zip(outs, ref)]
+        results[label]["max_rel_err"] = max(errs) if errs else 0.0
+    results["tolerance"] = tolerance
+    results["ok"] = results["rammer"]["max_rel_err"] <= tolerance
+    return results
+
+
+def format_result(result: dict) -> str:
+    """Error against the reference and emulated wall time of both pipelines, and the verdict."""
+    lines = [f"device emulator (the CPU; emulated wall times are not GPU times); outputs checked "
+             f"against {result['reference']}"]
+    for label, name in (("rammer", "tvm-rammer "), ("default", "TVM default")):
+        r = result[label]
+        lines.append(f"{name}: max rel err {r['max_rel_err']:.2e}  emulated {r['emulated_wall_s']:7.3f} s"
+                     f"  ({r['launches']} launches; C++ build {r['gxx_s']:.1f} s)")
+    if result["ok"]:
+        lines.append("OK")
+    else:
+        lines.append(f"MISMATCH: tvm-rammer's outputs differ from {result['reference']} (max rel "
+                     f"err {result['rammer']['max_rel_err']:.2e} > tolerance "
+                     f"{result['tolerance']:.0e})")
+    return "\n".join(lines)
