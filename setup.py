@@ -20,7 +20,7 @@ PACKAGES = ["tvm_rammer", "relay_passes", "tir_templates"]
 setup(
     name="tvm-rammer",
     version=VERSION,
-    description="Rammer-style persistent-kernel compilation (rTasks, vEUs, rPrograms) for Apache TVM",
+    description="Rammer-style persistent kernels (rTasks, vEUs, rPrograms) for Apache TVM",
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=[p for name in PACKAGES for p in (name, f"{name}.*")]),
@@ -41,7 +41,7 @@ setup(
         "bench": ["onnxruntime", "matplotlib"],
         "timeline": ["matplotlib"],  # the PNG of `--timeline` (the Perfetto JSON needs nothing)
         "torch": ["torch", "onnx2torch"],
-        # NVRTC, TVM's default CUDA compiler on a GPU host (without it: nvcc, see `tvm-rammer doctor`)
+        # NVRTC, TVM's default CUDA compiler on a GPU host (without it nvcc: `tvm-rammer doctor`)
         "gpu": ["cuda-python"],
     },
     entry_points={"console_scripts": ["tvm-rammer=tvm_rammer.cli:main"]},

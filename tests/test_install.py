@@ -117,7 +117,7 @@ def test_every_module_of_the_installed_copy_imports_from_the_venv(installed):
     site = (venv / "lib").resolve()
     outside_venv = {m: f for m, f in found["files"].items()
                     if not Path(f).resolve().is_relative_to(site)}
-    assert not outside_venv, f"imported from outside the venv (the editable install?): {outside_venv}"
+    assert not outside_venv, f"imported from outside the venv (editable install?): {outside_venv}"
     sources = {m.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
                for m in _modules(source)}
     assert sources <= set(found["files"]), sorted(sources - set(found["files"]))

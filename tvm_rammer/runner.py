@@ -91,7 +91,7 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
               seed: int = 0, tolerance: float = 1e-4, shapes: dict | None = None,
               batch: int | None = None) -> dict:
     """Compile with rammer and with TVM's default pipeline, run both, compare with onnxruntime
-    (without onnxruntime: with TVM's default pipeline's outputs, ``result["reference"]`` says which).
+    (without it: with TVM's default pipeline's outputs; ``result["reference"]`` says which).
     ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.shapes.bind_shapes``)."""
     if not gpu_available():
         raise ValueError("no CUDA GPU is visible; `tvm-rammer inspect` shows the schedule without one")

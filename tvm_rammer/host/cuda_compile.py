@@ -54,7 +54,7 @@ def nvrtc_status() -> tuple:
     """``(usable, detail)``: whether NVRTC can compile (cuda.bindings.nvrtc imports and reports its
     version), with its version or the reason it cannot. Probed once per process."""
     try:
-        from cuda.bindings import nvrtc  # pylint: disable=import-outside-toplevel
+        from cuda.bindings import nvrtc
     except ModuleNotFoundError:
         return False, "cuda-python is not installed"
     except Exception as err:  # the library failing to load  # pylint: disable=broad-except
@@ -86,8 +86,8 @@ def nvcc_status() -> tuple:
 def tvm_builds_cuda() -> bool:
     """Whether TVM's CUDA runtime is loaded here (a host with the NVIDIA driver): only then does a
     build compile the CUDA source (without it TVM keeps the source and compiles nothing)."""
-    import tvm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
+    import tvm  # noqa: F401  (loads TVM's libraries, the CUDA runtime among them when it can)
+    import tvm_ffi
 
     return tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None
 
@@ -109,7 +109,7 @@ def compiler_choice() -> CompilerChoice:
 def compile_callback(code, *args):
     """``tvm_callback_cuda_compile``: TVM's own callback under the choice above, nvcc when only
     nvcc works, a RuntimeError naming the fix when nothing does. Returns the binary TVM loads."""
-    from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
+    from tvm.support import nvcc
 
     choice = compiler_choice()
     if os.environ.get(ENV) or choice.compiler == "nvrtc":
@@ -124,7 +124,7 @@ def install() -> None:
 
     ``tvm.support.nvcc`` is imported first, so that TVM's own registration (done when that module
     is imported) never replaces this one later."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-    from tvm.support import nvcc  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import tvm_ffi
+    import tvm.support.nvcc  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
     tvm_ffi.register_global_func(CALLBACK, compile_callback, override=True)

@@ -40,12 +40,12 @@ class Check:
 
 
 def _tvm_check() -> Check:
-    import tvm  # pylint: disable=import-outside-toplevel
+    import tvm
 
     where = os.path.dirname(os.path.abspath(tvm.__file__))
     try:
         use_cuda = str(tvm.support.libinfo().get("USE_CUDA", "?"))
-    except Exception:  # pylint: disable=broad-except  (libinfo is optional in some builds)
+    except Exception:  # (libinfo is optional in some builds)
         use_cuda = "?"
     if cuda_compile.tvm_builds_cuda():
         runtime = "CUDA runtime loaded: builds compile their CUDA"
@@ -91,7 +91,7 @@ def _nvcc_check(arch: str) -> Check:
 
 
 def _matching_tag(arch: str, name: str) -> str | None:
-    from ..target import TAGS, same_arch, target_arch, resolve_target  # pylint: disable=import-outside-toplevel
+    from ..target import TAGS, resolve_target, same_arch, target_arch
 
     by_name = [tag for tag in TAGS if tag.split("-")[-1] in name.lower().replace(" ", "")]
     same = [tag for tag in TAGS if same_arch(target_arch(resolve_target(tag)), arch)]
@@ -107,13 +107,15 @@ def _nvidia_smi_gpus() -> list:
                              capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+    if out.returncode != 0:
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
 
 
 def _gpu_check(default_target: str) -> tuple:
     """(the GPU check, the arch the nvcc check should look for)."""
-    from ..gpu import local_gpu  # pylint: disable=import-outside-toplevel
-    from ..target import resolve_target, same_arch, target_arch  # pylint: disable=import-outside-toplevel
+    from ..gpu import local_gpu
+    from ..target import resolve_target, same_arch, target_arch
 
     default_arch = target_arch(resolve_target(default_target))
     local = local_gpu()
@@ -168,7 +170,7 @@ def _size(path: str) -> int:
 
 
 def _cache_checks() -> list:
-    from ..tuning.profile_db import SHIPPED_DIR, default_cache_path  # pylint: disable=import-outside-toplevel
+    from ..tuning.profile_db import SHIPPED_DIR, default_cache_path
 
     path = default_cache_path()
     if os.path.exists(path):
@@ -185,7 +187,7 @@ def _cache_checks() -> list:
 
 def diagnose(default_target: str = "rammer/nvidia-h100") -> list:
     """Every check of this machine, in report order (a list of :class:`Check`)."""
-    from ..version import __version__  # pylint: disable=import-outside-toplevel
+    from ..version import __version__
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     checks = [Check("tvm-rammer", "ok", f"{__version__} at {here} (Python "

@@ -10,10 +10,10 @@ warning saying what the command skips, and the command then skips it:
 - ``bench`` on a GPU: onnxruntime (every system's outputs are checked against it before they are
   timed), else an error; without torch / onnx2torch, a warning that its PyTorch columns are skipped;
   without matplotlib, a warning that its chart is skipped;
-- ``run``, ``demo`` on a GPU without onnxruntime: a warning that the outputs are checked against TVM's
-  default pipeline instead (``runner.run_model``);
-- ``run --timeline`` / ``inspect --timeline`` without matplotlib: a warning that only ``OUT.json`` is
-  written, no PNG.
+- ``run``, ``demo`` on a GPU without onnxruntime: a warning that the outputs are checked against
+  TVM's default pipeline instead (``runner.run_model``);
+- ``run --timeline`` / ``inspect --timeline`` without matplotlib: a warning that only ``OUT.json``
+  is written, no PNG.
 """
 
 from __future__ import annotations
