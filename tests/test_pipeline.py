@@ -106,7 +106,7 @@ def test_unplaceable_operators_stay_ordinary_kernels(caplog):
 
 
 def test_bad_targets_and_models_raise_clear_errors(tmp_path):
-    with pytest.raises(ValueError, match="must be CUDA targets"):
+    with pytest.raises(ValueError, match="must be CUDA or ROCm targets"):
         tvm_rammer.rammer_target("llvm")
     with pytest.raises(ValueError, match="cannot parse target"):
         tvm_rammer.rammer_target("no-such-target-xyz")

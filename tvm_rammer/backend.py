@@ -460,8 +460,8 @@ class RammerBackend:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=True)
-        if target is None or target.kind.name != "cuda":
-            raise ValueError("RammerBackend needs a CUDA target in scope "
+        if target is None or target.kind.name not in ("cuda", "rocm"):
+            raise ValueError("RammerBackend needs a CUDA or ROCm target in scope "
                              f"(got {target}); run it inside `with rammer_target(...)`")
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
             raise ValueError("the module has no Relax function 'main' to schedule")

@@ -9,8 +9,9 @@ Two ways in, both ordinary TVM usage:
 
 TVM 0.27 picks the default Relax pipeline of a GPU target by the target kind's name
 (``relax.pipeline.get_default_pipeline``) and has no registry for it, so :func:`install` wraps
-``tvm.relax.backend.cuda.get_default_pipeline`` once: a target with the ``"rammer"`` key gets the
-rammer pipeline, every other target exactly what it got before. This is the only piece of TVM state
+``tvm.relax.backend.cuda.get_default_pipeline`` and ``tvm.relax.backend.rocm.get_default_pipeline``
+once: a target with the ``"rammer"`` key gets the rammer pipeline, every other target exactly what
+it got before. This is the only piece of TVM state
 tvm-rammer touches outside TVM's registries (pipelines, target tags).
 
 The pipeline itself is the flat list in :func:`rammer_passes`, with the "why" of each ordering
@@ -47,7 +48,8 @@ from .host.cuda_compile import install as install_cuda_compile
 from .launches import count_launches
 from .report import UNPLACED_ATTR, unplaced_operators
 from .shapes import unbound_message, unbound_params
-from .target import is_rammer_target, plain_target, register_tags, rkernel_target
+from .rocm.build import install as install_rocm_build
+from .target import KINDS, is_rammer_target, plain_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
@@ -57,7 +59,7 @@ LOG = logging.getLogger("tvm_rammer")
 def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None) -> list:
     """The rammer Relax pipeline as a flat list of passes. ``profiler``: where rKernel and rProgram
     times come from (``tuning.profiler.Profiler``); None = ``backend.make_profiler``'s default."""
-    from tvm.relax.backend.cuda import pipeline as cuda_backend
+    cuda_backend = kind_backend(target)  # TVM's CUDA or ROCm backend passes
 
     fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
     if config.fusion and config.tail_fusion:
@@ -113,6 +115,16 @@ def mixed_precision_passes(config: RammerConfig) -> list:
     return []
 
 
+def kind_backend(target: tvm.target.Target):
+    """TVM's Relax backend module for the target's kind (``relax.backend.cuda.pipeline`` or
+    ``relax.backend.rocm.pipeline``): the library dispatch, legalization, VM lowering passes."""
+    if target is not None and target.kind.name == "rocm":
+        from tvm.relax.backend.rocm import pipeline as rocm_backend  # pylint: disable=import-outside-toplevel
+        return rocm_backend
+    from tvm.relax.backend.cuda import pipeline as cuda_backend  # pylint: disable=import-outside-toplevel
+    return cuda_backend
+
+
 def _with_target(target, pass_):
     @tvm.transform.module_pass(opt_level=0, name=f"WithTarget({pass_.info.name})")
     def _run(mod, _ctx):
@@ -129,9 +141,9 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
     @tvm.transform.module_pass(opt_level=0, name="RammerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = target or tvm.target.Target.current(allow_none=True)
-        if tgt is None or tgt.kind.name != "cuda":
+        if tgt is None or tgt.kind.name not in KINDS:
             raise ValueError(
-                f"the rammer pipeline needs a CUDA target, got {tgt}; call "
+                f"the rammer pipeline needs a CUDA or ROCm target, got {tgt}; call "
                 "tvm.compile(mod, target='rammer/nvidia-h100') or pass a CUDA target")
         unbound = unbound_params(mod)
         if unbound:  # rTasks need static shapes: never worse than TVM's default pipeline
@@ -172,7 +184,7 @@ def default_passes(target: tvm.target.Target) -> list:
     """TVM's default CUDA pipeline (``relax.backend.cuda.get_default_pipeline``), the same module
     out, faster: constants' reshapes and casts folded by numpy first (``FoldConstant`` then has
     less to build) and each operator signature legalized once (``MemoLegalizeOps``)."""
-    from tvm.relax.backend.cuda import pipeline as cuda_backend
+    cuda_backend = kind_backend(target)
 
     legalize = [MemoLegalizeOps() if p.info.name == "LegalizeOps" else p
                 for p in cuda_backend.legalize_passes(target)]
@@ -224,7 +236,16 @@ def install() -> None:
     register_tags()
     install_tir_pipeline()  # tvm.compile does not lower the persistent kernels a second time
     install_cuda_compile()  # nvcc where NVRTC is not usable (host.cuda_compile)
-    current = cuda_backend.get_default_pipeline
+    install_rocm_build()  # our helper bitcode, each kernel's real workgroup size (rocm.build)
+    from tvm.relax.backend import rocm as rocm_backend  # pylint: disable=import-outside-toplevel
+    for backend in (cuda_backend, rocm_backend):
+        _dispatch_rammer_targets(backend)
+
+
+def _dispatch_rammer_targets(backend) -> None:
+    """``backend.get_default_pipeline`` (TVM picks it by target kind) wrapped once: a rammer
+    target gets the rammer pipeline, every other target what it got before."""
+    current = backend.get_default_pipeline
     if getattr(current, "_rammer_dispatch", False):
         return
 
@@ -235,7 +256,7 @@ def install() -> None:
 
     get_default_pipeline._rammer_dispatch = True
     get_default_pipeline.__doc__ = current.__doc__
-    cuda_backend.get_default_pipeline = get_default_pipeline
+    backend.get_default_pipeline = get_default_pipeline
 
 
 def _config_from(config, kwargs) -> RammerConfig:

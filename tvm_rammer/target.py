@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import tvm
 
+from .rocm.targets import AMD_TAGS, rocm_arch
+
 RAMMER_KEY = "rammer"
 TAGS = {
     "rammer/nvidia-h100": "nvidia/nvidia-h100",
@@ -20,16 +22,19 @@ TAGS = {
                            "registers_per_block": 65536},
     "rammer/nvidia-a10g": "nvidia/nvidia-a10g",
     "rammer/nvidia-v100": "nvidia/nvidia-v100",
+    **AMD_TAGS,  # rammer/amd-mi210, rammer/amd-mi300x (tvm_rammer.rocm)
 }
+KINDS = ("cuda", "rocm")
 
 
 def rammer_target(target="nvidia/nvidia-h100") -> tvm.target.Target:
-    """Make any CUDA target (a Target, tag, or config dict) a rammer target."""
+    """Make any CUDA or ROCm target (a Target, tag, or config dict) a rammer target."""
     base = target if isinstance(target, tvm.target.Target) else _parse(target)
-    if base.kind.name != "cuda":
+    if base.kind.name not in KINDS:
         raise ValueError(
-            f"rammer targets must be CUDA targets, got kind {base.kind.name!r} ({base}); "
-            "pass e.g. 'nvidia/nvidia-h100' or {'kind': 'cuda', 'arch': 'sm_90a'}")
+            f"rammer targets must be CUDA or ROCm targets, got kind {base.kind.name!r} ({base}); "
+            "pass e.g. 'nvidia/nvidia-h100', {'kind': 'cuda', 'arch': 'sm_90a'} or "
+            "'rammer/amd-mi300x'")
     if is_rammer_target(base):
         return base
     config = dict(base.export())
@@ -102,7 +107,10 @@ def target_arch(target: tvm.target.Target) -> str:
     """The CUDA architecture a target compiles for, as nvcc spells it ("sm_90a", "sm_80").
 
     The one place that reads it: a CUDA target without an ``arch`` attribute is refused, since TVM
-    would otherwise fall back to sm_50 (older than anything tvm-rammer supports)."""
+    would otherwise fall back to sm_50 (older than anything tvm-rammer supports). A ROCm target's
+    arch is its ``mcpu`` ("gfx942")."""
+    if target.kind.name == "rocm":
+        return rocm_arch(target)
     arch = target.attrs.get("arch", None)
     if not arch:
         raise ValueError(f"target {target} names no CUDA arch; add one, e.g. "

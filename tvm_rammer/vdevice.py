@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
+from .rocm.targets import VDEVICE_PRESETS as _AMD_PRESETS
 from .rtask import RKernel
 
 __all__ = ["VDevice"]
@@ -50,6 +51,8 @@ _ARCH_PRESETS: dict[str, dict[str, int]] = {
     "sm_90": dict(num_sms=132, max_threads_per_sm=2048, max_blocks_per_sm=32, smem_per_sm=233472),
     # B200: 148 SMs, 228 KiB shared per SM.
     "sm_100": dict(num_sms=148, max_threads_per_sm=2048, max_blocks_per_sm=32, smem_per_sm=233472),
+    # AMD CDNA (gfx90a MI210, gfx942 MI300X): a CU for an SM, a SIMD for a sub-partition, wave64
+    **_AMD_PRESETS,
 }
 
 
@@ -88,8 +91,9 @@ class VDevice:
 
     @classmethod
     def for_arch(cls, arch: str, **overrides: int) -> "VDevice":
-        """The preset of an architecture: "sm_70", "sm_80", "sm_86", "sm_89", "sm_90"/"sm_90a", "sm_100"/"sm_100a"."""
-        key = arch.rstrip("af") if isinstance(arch, str) else arch
+        """The preset of an architecture: "sm_70", "sm_80", "sm_86", "sm_89", "sm_90"/"sm_90a", "sm_100"/"sm_100a",
+        "gfx90a", "gfx942"."""
+        key = arch.rstrip("af") if isinstance(arch, str) and arch.startswith("sm_") else arch
         if key not in _ARCH_PRESETS:
             raise ValueError(
                 f"no VDevice preset for arch {arch!r}; use one of {sorted(_ARCH_PRESETS)} or build "
@@ -150,7 +154,7 @@ class VDevice:
         per_partition = self.regs_per_sm // self.reg_sub_partitions
         by_regs = (per_partition // regs_per_warp) * self.reg_sub_partitions // warps
         smem = _round_up(shared_bytes, self.smem_alloc_unit) + self.smem_reserved_per_block
-        by_smem = self.smem_per_sm // smem
+        by_smem = self.smem_per_sm // smem if smem else self.max_blocks_per_sm  # nothing reserved (AMD)
         blocks = min(self.max_blocks_per_sm, by_warps, by_regs, by_smem)
         if blocks < 1:
             limiting = "threads" if by_warps < 1 else "registers" if by_regs < 1 else "shared memory"

@@ -58,13 +58,13 @@ from typing import Callable
 import numpy as np
 import tvm
 from tvm import tirx
-from tvm.backend.cuda import op as cuda_op
 
 from ..rprogram import RProgram
 from ..rtask import BarrierRTask, RTask
 from tir_templates.arena import rebase
 
 from . import cuda_helpers
+from .dialect import dialect_for
 from .tir_pipeline import PRELOWERED_ATTR
 
 INT32 = "int32"
@@ -257,7 +257,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                           with_barriers: bool, instantiate: Callable,
                           veus_per_sm: int | None = None,
                           num_instructions: int | None = None,
-                          counters: int = 0) -> tirx.PrimFunc:
+                          counters: int = 0, dialect=None) -> tirx.PrimFunc:
     """The persistent PrimFunc of ``spec`` for ``num_veus`` vEUs and a table of ``table_len`` ints.
 
     Parameters: the input tensors, the program table, with barriers the fault page
@@ -267,11 +267,15 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     ``instantiate`` is ``tir_templates.rtask_rewrite.instantiate``. ``veus_per_sm`` becomes
     ``__launch_bounds__(veu_threads, veus_per_sm)``: nvcc then keeps the registers low enough for
     that many vEUs to be resident on every SM, which the cooperative launch relies on.
+    ``dialect`` (``codegen.dialect``; default: the one of the target in scope) makes the helper
+    calls, the grid barrier and the rTask instantiation of the device.
     With ``spec.timeline`` the timeline buffer (``int64[num_instructions * 3]``) is the last
     parameter; ``num_instructions`` (the table's ``offsets[num_veus]``) is then required.
     """
     if spec.timeline and not num_instructions:
         raise ValueError(f"{spec.name}: an instrumented (timeline) kernel needs num_instructions")
+    dialect = dialect or dialect_for(tvm.target.Target.current(allow_none=True))
+    instantiate = dialect.instantiate(instantiate)
     buffers = [tirx.decl_buffer(t.shape, t.dtype, name=t.name) for t in spec.tensors]
     table = tirx.decl_buffer((table_len,), INT32, name="rammer_program")
     program = tirx.decl_buffer((table_len,), INT32, name="rammer_program_view", data=table.data)
@@ -296,31 +300,31 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         timeline = tirx.decl_buffer((num_instructions * cuda_helpers.TIMELINE_WORDS,), "int64",
                                     name="rammer_timeline")
         began = tirx.Var("began", "int64")
-        record = tirx.IfThenElse(tid == 0, tirx.Evaluate(cuda_op.cuda_func_call(
+        record = tirx.IfThenElse(tid == 0, tirx.Evaluate(dialect.call(
             cuda_helpers.RECORD_NAME, _ptr(timeline), start + pc, began,
             source_code=cuda_helpers.RECORD_SOURCE)), None)
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
-        tirx.Evaluate(cuda_op.cuda_func_call(
+        tirx.Evaluate(dialect.call(
             cuda_helpers.WAIT_NAME, _ptr(program), _ptr(state), arg_a, arg_b,
             tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32), pc,
             inst + INST_WORDS, tirx.const(spec.wait_timeout_ns, "int64"), _ptr(page),
             tirx.const(kernel_id(spec.name), INT32), source_code=cuda_helpers.WAIT_SOURCE)),
         _sync(),
         *([record] if record else []),
-        tirx.BufferStore(stop, cuda_op.cuda_func_call(
+        tirx.BufferStore(stop, dialect.call(
             cuda_helpers.STOPPED_NAME, _ptr(state), tirx.const(num_veus, INT32), tid,
             source_code=cuda_helpers.STOPPED_SOURCE, return_type=INT32), [0])]), None)]
     for k, entry in enumerate(spec.entries):
         rtask = _entry_body(entry, buffers, program, arg_a, arg_c, tid, spec.veu_threads, pool,
                             instantiate)
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
-            cuda_op.cuda_func_call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
+            dialect.call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)
         count = []
         if counters:
             which = tirx.BufferLoad(program, [arg_c])
             count = [tirx.IfThenElse(_uniform(which >= 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
-                cuda_op.cuda_func_call(cuda_helpers.COUNT_NAME, _ptr(state), counter_base + which,
+                dialect.call(cuda_helpers.COUNT_NAME, _ptr(state), counter_base + which,
                                        source_code=cuda_helpers.COUNT_SOURCE)), None), None)]
         cases.append(tirx.IfThenElse(_uniform(kind == k + 1), tirx.SeqStmt(
             [rtask, _sync(), *([record] if record else []), *count, signal]), None))
@@ -328,7 +332,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
                          tirx.Bind(arg_a, tirx.BufferLoad(program, [inst + 1])),
                          tirx.Bind(arg_b, tirx.BufferLoad(program, [inst + 2])),
                          tirx.Bind(arg_c, tirx.BufferLoad(program, [inst + 3])),
-                         *([tirx.Bind(began, cuda_op.cuda_func_call(
+                         *([tirx.Bind(began, dialect.call(
                              cuda_helpers.TIMER_NAME, source_code=cuda_helpers.TIMER_SOURCE,
                              return_type="int64"))] if record else []),
                          *(cases if with_barriers else cases[1:])])
@@ -353,7 +357,8 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
             stmts.append(tirx.For(i, 0, -(-counters // grid), tirx.ForKind.SERIAL, tirx.IfThenElse(
                 index < counters, tirx.BufferStore(state, tirx.const(0, INT32),
                                                    [counter_base + index]), None)))
-        stmts.append(tirx.Evaluate(cuda_op.cuda_grid_sync()))
+        stmts.append(dialect.grid_sync(_ptr(page), num_veus, tid, spec.wait_timeout_ns,
+                                       kernel_id(spec.name)))
     stmts.append(loop)
     body = tirx.SeqStmt(stmts)
     if veus_per_sm is not None:
@@ -381,7 +386,7 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     })
     if timeline is not None:
         func = func.with_attr("rammer.timeline_words", num_instructions * cuda_helpers.TIMELINE_WORDS)
-    return func
+    return dialect.finalize(func)
 
 
 def kernel_id(name: str) -> int:

@@ -1,0 +1,211 @@
+"""TVM's ROCm build, with our helpers linked and each kernel's real workgroup size.
+
+TVM 0.27 builds a ``rocm`` module in ``target.build.rocm``: its LLVM (22) generates the kernels,
+links the bitcode files that the global function ``tvm_callback_rocm_bitcode_path`` lists, emits a
+relocatable object and hands it to ``tvm_callback_rocm_link``, which links it with ld.lld into the
+HSA code object the module holds. Two things are not right for persistent kernels:
+
+* no helper bitcode of ours is linked: :func:`bitcode_paths` (registered as
+  ``tvm_callback_rocm_bitcode_path``) returns ROCm's device libraries (TVM's own list, when they are
+  installed) plus :mod:`tvm_rammer.rocm.helpers`' bitcode for the target's ``mcpu``;
+* without a ROCm device TVM sets ``amdgpu-flat-work-group-size="1,256"`` on every kernel whatever
+  its thread count, so a 1024-thread vEU would get a code object limited to 256 threads and
+  registers allocated for 256. :func:`build_rocm` (registered over ``target.build.rocm``) runs
+  TVM's build, takes its LLVM IR, sets each kernel's ``amdgpu-flat-work-group-size`` to
+  ``"1,<its threads>"`` (the product of its ``threadIdx`` extents) and, for persistent kernels,
+  ``amdgpu-waves-per-eu`` to the waves per SIMD the placement assumed (``__launch_bounds__``'s
+  AMDGPU counterpart: TVM ignores ``launch_bounds_min_blocks_per_sm`` on ROCm), compiles that IR
+  with ``llc-22`` (the same LLVM, codegen only: the IR is TVM's optimized IR) and links it with
+  ld.lld; then TVM's build runs once more with the link callback answering our code object, so the
+  module TVM returns (and ``export_library`` saves) holds it. An IR that TVM's optimizer already
+  specialised for 256 threads (LDS promotion of private arrays) is refused, not patched.
+
+Callers that want the code objects (``inspect``, tests) wrap the build in :func:`capture`: every
+code object linked meanwhile is appended to the list it yields.
+
+The wrapped callbacks and build are TVM registry entries, like the pipeline's
+``get_default_pipeline`` wrapper; :func:`install` is idempotent. The context of a running build
+(target ``mcpu``, the code object to answer, the capture lists) is thread-local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+import threading
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from .helpers import compile_bitcode
+from .toolchain import export_rocm_path, find_toolchain
+
+BUILD_FUNC = "target.build.rocm"
+BITCODE_FUNC = "tvm_callback_rocm_bitcode_path"
+LINK_FUNC = "tvm_callback_rocm_link"
+_STATE = threading.local()
+_ORIGINAL = {}
+_ATTRS_RE = re.compile(r"^attributes #(\d+) = \{ (.*) \}$", re.M)
+_DEFINE_RE = re.compile(r"^define [^@\n]*amdgpu_kernel [^@\n]*@([\w.$]+)\(.*\) (?:[^#\n]*)#(\d+)",
+                        re.M)
+
+
+def _stack(name: str) -> list:
+    if not hasattr(_STATE, name):
+        setattr(_STATE, name, [])
+    return getattr(_STATE, name)
+
+
+@contextlib.contextmanager
+def capture():
+    """Collect the code objects (bytes) linked by ROCm builds in this thread meanwhile."""
+    found: list = []
+    _stack("captures").append(found)
+    try:
+        yield found
+    finally:
+        _stack("captures").remove(found)
+
+
+def bitcode_paths(*args):
+    """``tvm_callback_rocm_bitcode_path``: ROCm's device libraries (TVM's list, when installed)
+    and, inside :func:`build_rocm`, our helpers' bitcode for the target being built."""
+    toolchain = find_toolchain()
+    export_rocm_path(toolchain)
+    files = []
+    if toolchain.rocm_path:
+        files += [str(p) for p in _ORIGINAL[BITCODE_FUNC](*args)]
+    building = _stack("building")
+    if building:
+        files.append(compile_bitcode(toolchain, building[-1]["mcpu"]))
+    return files
+
+
+def link(obj_bin):
+    """``tvm_callback_rocm_link``: ld.lld (TVM's), or the code object :func:`build_rocm`
+    compiled itself; the result is recorded in every open :func:`capture`."""
+    building = _stack("building")
+    if building and building[-1]["hsaco"] is not None:
+        hsaco = building[-1]["hsaco"]
+    else:
+        hsaco = bytes(_ORIGINAL[LINK_FUNC](obj_bin))
+    if not building or building[-1]["record"]:
+        for found in _stack("captures"):
+            found.append(bytes(hsaco))
+    return bytearray(hsaco)
+
+
+def kernel_attributes(mod: tvm.IRModule) -> dict:
+    """Per device kernel of ``mod`` (its global symbol): the LLVM function attributes it needs,
+    ``amdgpu-flat-work-group-size`` from its thread extents and, when it carries
+    ``launch_bounds_min_blocks_per_sm`` (persistent kernels), ``amdgpu-waves-per-eu``."""
+    out = {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        extents, bounds = {}, []
+
+        def visit(stmt):
+            if stmt.attr_key == "thread_extent" and isinstance(stmt.value, tirx.IntImm):
+                tag = stmt.node.thread_tag
+                if tag.startswith("threadIdx"):
+                    extents[tag] = int(stmt.value)
+            elif stmt.attr_key == "tirx.launch_bounds_min_blocks_per_sm":
+                bounds.append(int(stmt.value))
+
+        tvm_ffi.structural_walk(func.body, (tirx.AttrStmt, visit))
+        threads = 1
+        for extent in extents.values():
+            threads *= extent
+        attrs = {"amdgpu-flat-work-group-size": f"1,{threads}"}
+        if bounds:
+            waves = -(-threads // 64)  # CDNA: wave64; 4 SIMDs per CU
+            attrs["amdgpu-waves-per-eu"] = str(max(1, -(-bounds[0] * waves // 4)))
+        name = func.attrs.get("global_symbol", gvar.name_hint) if func.attrs else gvar.name_hint
+        out[str(name)] = attrs
+    return out
+
+
+def patch_attributes(ir_text: str, kernels: dict) -> str:
+    """``ir_text`` with each kernel of ``kernels`` (name -> {attribute: value}) given those string
+    attributes in an attribute group of its own. Raises ValueError when a kernel is missing or
+    the IR was specialised for TVM's workgroup size (LDS-promoted allocas)."""
+    if "promotealloca" in ir_text:
+        raise ValueError("TVM's optimizer promoted private arrays to LDS for 256-thread workgroups;"
+                         " this module cannot be rebuilt for its real workgroup sizes")
+    groups = {m.group(1): m.group(2) for m in _ATTRS_RE.finditer(ir_text)}
+    next_id = max((int(k) for k in groups), default=-1) + 1
+    defined = {}
+    new_groups = []
+    lines = ir_text.split("\n")
+    for i, line in enumerate(lines):
+        match = _DEFINE_RE.match(line)
+        if not match or match.group(1) not in kernels:
+            continue
+        name, group = match.group(1), match.group(2)
+        body = groups[group]
+        for key, value in kernels[name].items():
+            entry = f'"{key}"="{value}"'
+            body, n = re.subn(rf'"{re.escape(key)}"="[^"]*"', entry, body)
+            if not n:
+                body = f"{body} {entry}"
+        lines[i] = line[:match.start(2) - 1] + f"#{next_id}" + line[match.end(2):]
+        new_groups.append(f"attributes #{next_id} = {{ {body} }}")
+        defined[name] = next_id
+        next_id += 1
+    missing = sorted(set(kernels) - set(defined))
+    if missing:
+        raise ValueError(f"kernels {missing} not found in the module's LLVM IR")
+    return "\n".join(lines + new_groups) + "\n"
+
+
+def compile_ir(ir_text: str, mcpu: str) -> bytes:
+    """The HSA code object of optimized LLVM IR: ``llc-22`` then ld.lld (``--no-undefined``)."""
+    toolchain = find_toolchain()
+    from tvm.support.rocm import rocm_link  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ll, obj, hsaco = (os.path.join(tmp, f"kernels.{e}") for e in ("ll", "o", "co"))
+        with open(ll, "w", encoding="utf-8") as f:
+            f.write(ir_text)
+        cmd = [toolchain.llc, "-O3", f"-mcpu={mcpu}", "-filetype=obj", ll, "-o", obj]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"llc failed: {proc.stderr.strip()}\ncommand: {' '.join(cmd)}")
+        rocm_link(obj, hsaco, toolchain.ld_lld)
+        with open(hsaco, "rb") as f:
+            return f.read()
+
+
+def build_rocm(mod, target):
+    """``target.build.rocm``: TVM's build with our bitcode and each kernel's real workgroup size
+    (module docstring)."""
+    toolchain = find_toolchain()
+    export_rocm_path(toolchain)
+    mcpu = str(target.attrs.get("mcpu", "gfx900"))
+    kernels = kernel_attributes(mod)
+    context = {"mcpu": mcpu, "hsaco": None, "record": False}
+    building = _stack("building")
+    building.append(context)
+    try:
+        first = _ORIGINAL[BUILD_FUNC](mod, target)  # its code object is nobody's: not recorded
+        context["hsaco"] = compile_ir(patch_attributes(first.inspect_source("hip"), kernels), mcpu)
+        context["record"] = True
+        return _ORIGINAL[BUILD_FUNC](mod, target)
+    finally:
+        building.remove(context)
+
+
+def install() -> None:
+    """Register :func:`build_rocm`, :func:`bitcode_paths` and :func:`link` over TVM's (idempotent;
+    TVM's own are kept and called)."""
+    import tvm.support.rocm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    for name, ours in ((BUILD_FUNC, build_rocm), (BITCODE_FUNC, bitcode_paths), (LINK_FUNC, link)):
+        if name not in _ORIGINAL:
+            _ORIGINAL[name] = tvm_ffi.get_global_func(name)
+            tvm_ffi.register_global_func(name, ours, override=True)

@@ -1,0 +1,182 @@
+"""Early exit on AMDGPU: surplus threads skip the work of an rTask, never its barriers.
+
+A vEU is as wide as its widest rTask; a narrower rTask leaves threads with nothing to do (paper
+4.1.3, "early exit"). On CUDA (``tir_templates.rtask_rewrite``) the surplus threads skip the whole
+body and the rTask's barriers become named barriers ``bar.sync id, n`` over the active threads. CDNA
+has no named barriers: ``s_barrier`` waits for every wave of the workgroup, so a wave that skipped
+the body would deadlock the others. Two designs were possible:
+
+1. the vEU as wide as the rTask, rounded to whole waves: impossible, the vEU is one workgroup
+   for every rTask of the rProgram, and their widths differ;
+2. **every thread executes the rTask's barriers, the surplus threads skip only the work**
+   (chosen). The body's statements that hold no barrier are guarded by ``tid < kernel.threads``;
+   the statements that hold one (loops, uniform conditions, sequences) are kept and the guard
+   pushed into them, so every wave reaches the same barriers in the same order. This needs the
+   control flow around a barrier to be thread-invariant, which TVM's ThreadSync already demands of
+   the kernel ("Cannot insert syncs inside condition"); a kernel where it is not raises
+   ``UnsupportedKernel`` naming the statement.
+
+Within a wave, lanes past ``kernel.threads`` are masked off by the guard exactly as a launch of
+``kernel.threads`` threads masks off a partial last wave, so cross-lane operations of lowered
+allreduces (``ds_bpermute``, DPP) see the same active lanes as in the kernel's own launch. Values
+a barrier-holding statement needs (``Bind``) are still computed by every thread: arithmetic on the
+surplus threads' out-of-range thread indices is harmless, a load is guarded
+(``if_then_else(active, load, 0)``, lazily evaluated by TVM's LLVM codegen).
+
+Input: the statement ``tir_templates.rtask_rewrite.instantiate`` returns for a vEU exactly as wide
+as the kernel (no early exit, no named barriers); output: the same statement for a wider vEU.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from tir_templates.prelower import SHARED_SCOPES, UnsupportedKernel
+
+_SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
+_DECLARATIONS = (tirx.Bind, tirx.DeclBuffer, tirx.AllocBuffer)
+
+
+def is_block_barrier(expr) -> bool:
+    """Whether ``expr`` is ``tvm_storage_sync("shared")`` (a workgroup barrier)."""
+    return (isinstance(expr, tvm.ir.Call) and expr.op.same_as(_SYNC_OP)
+            and expr.args[0].value in SHARED_SCOPES)
+
+
+def has_barrier(node) -> bool:
+    """Whether a statement or expression contains a workgroup barrier."""
+    found = []
+
+    def visit(call):
+        if is_block_barrier(call):
+            found.append(call)
+
+    tvm_ffi.structural_walk(node, (tvm.ir.Call, visit))
+    return bool(found)
+
+
+def _uses(expr, variant: set) -> bool:
+    """Whether ``expr`` reads a thread-variant Var or memory (conservatively variant)."""
+    hits = []
+
+    def var(v):
+        if v in variant:
+            hits.append(v)
+
+    def load(node):
+        hits.append(node)
+
+    tvm_ffi.structural_walk(expr, (tvm.ir.Var, var), (tirx.BufferLoad, load))
+    return bool(hits)
+
+
+def _zero(dtype: str):
+    return tirx.const(0, dtype) if not dtype.startswith("handle") else tirx.const(0, "int64")
+
+
+class _Guard:
+    """Pushes ``active`` (``tid < n``) into a statement down to its barrier-free parts."""
+
+    def __init__(self, tid, active, name: str):
+        self.variant = {tid}
+        self.active = active
+        self.name = name
+
+    def stmt(self, node):
+        if not has_barrier(node):
+            return tirx.IfThenElse(self.active, node, None)
+        if isinstance(node, tirx.Evaluate) and is_block_barrier(node.value):
+            return node
+        if isinstance(node, tirx.SeqStmt):
+            return self.seq(list(node.seq))
+        if isinstance(node, tirx.AttrStmt):
+            return tirx.AttrStmt(node.node, node.attr_key, node.value, self.stmt(node.body))
+        if isinstance(node, tirx.For):
+            self._invariant(node.min, "a loop around a barrier starts")
+            self._invariant(node.extent, "a loop around a barrier runs")
+            return tirx.For(node.loop_var, node.min, node.extent, node.kind, self.stmt(node.body),
+                            node.thread_binding, node.annotations, node.step)
+        if isinstance(node, tirx.IfThenElse):
+            self._invariant(node.condition, "a condition around a barrier")
+            other = None if node.else_case is None else self.stmt(node.else_case)
+            return tirx.IfThenElse(node.condition, self.stmt(node.then_case), other)
+        if isinstance(node, tirx.While):
+            self._invariant(node.condition, "a while loop around a barrier")
+            return tirx.While(node.condition, self.stmt(node.body))
+        raise UnsupportedKernel(f"{self.name}: a barrier inside {type(node).__name__} cannot be "
+                                "reached by the surplus threads of a wider vEU")
+
+    def seq(self, items):
+        """Declarations stay in the sequence (they scope what follows); each run of barrier-free
+        statements between them becomes one guarded block."""
+        out, run = [], []
+
+        def flush():
+            if run:
+                out.append(tirx.IfThenElse(self.active, _seq(run), None))
+                run.clear()
+
+        for item in items:
+            if isinstance(item, _DECLARATIONS):
+                flush()
+                out.append(self.declaration(item))
+            elif has_barrier(item):
+                flush()
+                out.append(self.stmt(item))
+            else:
+                run.append(item)
+        flush()
+        return _seq(out)
+
+    def declaration(self, item):
+        if not isinstance(item, tirx.Bind):
+            return item
+        if _uses(item.value, self.variant):
+            self.variant.add(item.var)
+            if _has_load(item.value):  # a load at a surplus thread's index may be out of bounds
+                dtype = str(item.var.ty.dtype)
+                return tirx.Bind(item.var, tirx.if_then_else(self.active, item.value,
+                                                             _zero(dtype)))
+        return item
+
+    def _invariant(self, expr, what: str):
+        if _uses(expr, self.variant):
+            raise UnsupportedKernel(f"{self.name}: {what} depends on the thread ({expr}); the "
+                                    "surplus threads of a wider vEU could not follow it")
+
+
+def _has_load(expr) -> bool:
+    hits = []
+    tvm_ffi.structural_walk(expr, (tirx.BufferLoad, hits.append))
+    return bool(hits)
+
+
+def _seq(stmts):
+    flat = []
+    for stmt in stmts:
+        flat.extend(stmt.seq if isinstance(stmt, tirx.SeqStmt) else [stmt])
+    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
+
+
+def guard_work(stmt, tid, threads: int, name: str = "kernel"):
+    """``stmt`` (one rTask for ``threads`` threads) for a vEU where ``tid >= threads`` exist: their
+    work skipped, every barrier kept (module docstring). Raises ``UnsupportedKernel`` when a
+    barrier sits under thread-dependent control flow."""
+    active = tid < tirx.const(threads, str(tid.ty.dtype))
+    return _Guard(tid, active, name).stmt(stmt)
+
+
+def instantiate(default, kernel, data_vars, rtask_id, tid, veu_threads: int, smem_pool=None,
+                barrier_id: int = 1):  # pylint: disable=unused-argument
+    """``tir_templates.rtask_rewrite.instantiate`` (``default``) with AMDGPU's early exit: the
+    body built for exactly ``kernel.threads`` threads, then :func:`guard_work` for the rest of
+    the vEU. ``barrier_id`` is unused (no named barriers)."""
+    if veu_threads < kernel.threads:
+        raise ValueError(f"{kernel.name}: needs {kernel.threads} threads but the vEU has "
+                         f"{veu_threads}")
+    stmt = default(kernel, data_vars, rtask_id, tid, kernel.threads, smem_pool)
+    if kernel.threads == veu_threads:
+        return stmt
+    return guard_work(stmt, tid, kernel.threads, kernel.name)
