@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of the README: install with the test extra, then run every test.
-# GPU tests skip cleanly without a GPU; nvcc tests skip without nvcc.
+# GPU tests skip cleanly without a GPU; nvcc tests skip without nvcc. tests/test_install.py also
+# builds the wheel, installs it into a fresh virtual environment and runs the installed copy.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e ".[test]" || exit 1

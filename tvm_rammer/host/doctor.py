@@ -125,8 +125,8 @@ def _gpu_check(default_target: str) -> tuple:
             return Check("GPU", "missing", f"nvidia-smi lists {', '.join(seen)} but TVM sees no "
                          "CUDA device", "a TVM build with CUDA (USE_CUDA=ON) matching the driver; "
                          "check LD_LIBRARY_PATH holds libcuda.so"), default_arch
-        return Check("GPU", "none", f"none visible: compile, inspect, demo's schedule and the "
-                     f"tests work; {GPU_COMMANDS} need an NVIDIA GPU"), default_arch
+        return Check("GPU", "none", f"none visible: compile, inspect, demo and the tests work "
+                     f"without one; {GPU_COMMANDS} need an NVIDIA GPU"), default_arch
     ident = local.id
     tag = _matching_tag(ident.arch, ident.name)
     detail = f"{ident.name}, {ident.arch}, driver {ident.driver}"
