@@ -970,8 +970,9 @@ def _branch(stmt, text, counter) -> str:
 
 
 def translate(cuda_source: str, *, defines=None, undefined=()) -> str:
-    """`cuda_source` with every known inline asm statement replaced by emulation calls and
-    ``#include "rammer_emu_mma.h"`` added at the top when any was (see the module docstring).
+    """`cuda_source` with every known inline asm statement replaced by emulation calls (see the
+    module docstring), line for line. The calls need ``rammer_emu_mma.h`` (``HEADER``), which the
+    emulator's force-included ``rammer_emu.h`` includes after the runtime.
 
     ``defines`` ({macro: value}, default ``DEFAULT_DEFINES``) and ``undefined`` (macro names) are
     the macros the emulator's compilation is known to define / not define. Raises EmulatorError
@@ -987,7 +988,4 @@ def translate(cuda_source: str, *, defines=None, undefined=()) -> str:
         out.append(_translate_statement(stmt, cuda_source, counter))
         pos = stmt.end
     out.append(cuda_source[pos:])
-    result = "".join(out)
-    if result != cuda_source:  # the #line keeps the source's line numbers in diagnostics
-        result = f'#include "{HEADER}"\n#line 1\n' + result
-    return result
+    return "".join(out)

@@ -15,3 +15,4 @@
 #include <type_traits>
 #include "rammer_emu_runtime.h"
 #include "rammer_emu_cuda.h"
+#include "rammer_emu_mma.h"  // tensor-core PTX that tvm_rammer/emulator/ptx.py translates into calls
