@@ -107,6 +107,9 @@ def test_every_module_of_the_installed_copy_imports_from_the_venv(installed):
                     files[info.name] = importlib.import_module(info.name).__file__
                 except Exception as err:
                     failed.append(f"{info.name}: {type(err).__name__}: {err}")
+        # every module loaded on the way too (one the venv lacks would come from the checkout)
+        files.update({name: module.__file__ for name, module in list(sys.modules.items())
+                      if name.split(".")[0] in roots and getattr(module, "__file__", None)})
         print(json.dumps({"files": files, "failed": failed, "prefix": sys.prefix}))
     """)
     proc = _run([venv / "bin" / "python", "-c", script, *PACKAGES], cwd=outside,
