@@ -7,9 +7,23 @@ elements in the step array until the steps are larger than the orders of those r
 the barrier-rTask calls __syncthreads".
 
 Memory ordering (PTX memory model): the finishing rTask runs ``__syncthreads`` (every thread of the
-vEU is done with its stores), then its first thread publishes with a *release* store at GPU scope.
-A waiting thread polls with *acquire* loads at GPU scope; the barrier-rTask ends with
-``__syncthreads`` so that every thread of the waiting vEU is ordered after the acquire.
+vEU is done with its stores; ``bar.sync`` orders them before thread 0's later operations), then its
+first thread publishes with a *release* store at GPU scope (cumulative: it releases what the barrier
+ordered before it). A waiting thread polls with *acquire* loads at GPU scope; the barrier-rTask ends
+with ``__syncthreads`` so that every thread of the waiting vEU is ordered after the acquire, and
+then with the ``__syncthreads_or`` of :data:`STOPPED_SOURCE` (``bar.red`` has ``bar.sync``'s memory
+ordering).
+
+Fast path (issue 21, defect 8): an entry whose step is already reached costs one acquire load and
+nothing else: no ``%globaltimer`` read, no read of the error word, no sleep. Only a wait that is
+not satisfied at once enters the slow path: it sleeps 16 ns, doubling up to 128 ns, between polls
+of the awaited word alone, and every 8th poll reads the error word (another vEU gave up: stop) and
+the clock (past ``timeout_ns``: record the fault). The agreement after the barrier-rTask is one
+``__syncthreads_or`` whose only global read is thread 0's relaxed load of the error word, placed
+after the closing ``__syncthreads`` (so every give-up of this vEU's threads, which set or saw that
+word before the barrier, is seen; relaxed suffices: stopping consumes no data of other vEUs); it
+replaces a shared flag and two ``__syncthreads``. Before, a barrier-rTask cost a clock read and an
+acquire per entry plus an acquire and three barriers, and a slow poll two serialized acquires.
 
 Operator-completion counters follow the fault record in the state (``state[num_veus +
 STATE_WORDS + k]``): each rTask of a counted operator adds 1 with a *release* reduction after its
@@ -21,13 +35,20 @@ Waits are bounded in *time*: a poll loop reads ``%globaltimer`` (nanoseconds) an
 (:data:`STATE_WORDS` past the vEUs' steps: code, vEU, instruction, awaited vEU, awaited step,
 step reached) and, when the kernel has one, in the host-mapped fault page (``tvm_rammer.faults``:
 the same record plus the kernel's id and the rTask the barrier guarded, written with system-scope
-ordering and the code word last). Every other waiting vEU sees the code and stops waiting; after
-each barrier-rTask the whole vEU agrees (:data:`STOPPED_NAME`, through shared memory) whether to
-skip the rest of its instructions. So a wait that can never complete ends the kernel normally, the
+ordering and the code word last). Every other waiting vEU sees the code (within 8 polls) and stops
+waiting; after each barrier-rTask the whole vEU agrees (:data:`STOPPED_NAME`, ``__syncthreads_or``)
+whether to skip the rest of its instructions. So a wait that can never complete ends the kernel normally, the
 CUDA context stays usable, and the host raises an error naming the vEU and the rTask; no ``__trap``.
 
 These are emitted with ``tvm.backend.cuda.op.cuda_func_call``, which places the source below into
 the generated ``.cu`` file once per kernel.
+
+CPU emulation (``tvm_rammer.emulator``, issue 23): every helper has a portable branch under
+``#ifdef RAMMER_EMULATE`` (the emulator's build defines it), so the emulator never rewrites our
+inline PTX: acquire loads / release stores / the release add are ``__atomic`` builtins
+(``rammer_emu::load_acquire``, ``store_release``, ``red_add_release``), ``%globaltimer`` is the
+emulator's virtual clock (``rammer_emu::globaltimer``), ``%smid`` a virtual SM id, and a sleep in a
+poll loop is a yield to the emulator's scheduler naming what the thread waits for.
 """
 
 SIGNAL_NAME = "rammer_signal"
@@ -44,27 +65,43 @@ PAGE_WORDS = 16
 SIGNAL_SOURCE = r"""
 __device__ __forceinline__ void rammer_signal(int* __restrict__ state, int veu, int step) {
   // caller: __syncthreads() first, then thread 0 only
+#ifdef RAMMER_EMULATE
+  ::rammer_emu::store_release(state + veu, step);
+#else
   asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(state + veu), "r"(step) : "memory");
+#endif
 }
 """
 
 COUNT_SOURCE = r"""
 __device__ __forceinline__ void rammer_count(int* __restrict__ state, int slot) {
   // caller: __syncthreads() first, then thread 0 only: one more rTask of the operator finished
+#ifdef RAMMER_EMULATE
+  ::rammer_emu::red_add_release(state + slot, 1);
+#else
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(state + slot) : "memory");
+#endif
 }
 """
 
 WAIT_SOURCE = r"""
 __device__ __forceinline__ int rammer_ld_acquire(const int* p) {
+#ifdef RAMMER_EMULATE
+  return ::rammer_emu::load_acquire(p);
+#else
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+#endif
 }
 __device__ __forceinline__ unsigned long long rammer_now_ns() {
+#ifdef RAMMER_EMULATE
+  return ::rammer_emu::globaltimer();
+#else
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+#endif
 }
 __device__ __forceinline__ void rammer_record_fault(const int* __restrict__ program,
                                                     int* __restrict__ state, int* fault_page,
@@ -89,7 +126,38 @@ __device__ __forceinline__ void rammer_record_fault(const int* __restrict__ prog
     page[7] = program[next_at] - 1;   // dispatch entry of the rTask this barrier guards
     page[8] = program[next_at + 1];   // its rtask_id
     __threadfence_system();
+#ifdef RAMMER_EMULATE
+    ::rammer_emu::store_release(fault_page, 1);
+#else
     asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(fault_page), "r"(1) : "memory");
+#endif
+  }
+}
+__device__ __noinline__ int rammer_wait_slow(const int* __restrict__ program, int* __restrict__ state,
+                                             int veu, int num_veus, int pc, int next_at,
+                                             long long timeout_ns, int* fault_page, int kernel_id,
+                                             int other, int slot, int step) {
+  // the awaited step is not there yet: poll it alone, sleeping 16..128 ns; every 8th poll check
+  // whether another vEU gave up and whether this wait ran past its time limit. 1: gave up.
+  const unsigned long long start = rammer_now_ns();
+  unsigned int pause = 16;
+  for (unsigned int polls = 1;; ++polls) {
+#ifdef RAMMER_EMULATE
+    ::rammer_emu::spin_yield_for("rammer_wait: vEU %lld waits for state[%lld] >= %lld (now %lld)",
+                                 veu, slot, step, state[slot], __LINE__);
+#else
+    __nanosleep(pause);
+    if (pause < 128) pause *= 2;
+#endif
+    if (rammer_ld_acquire(state + slot) >= step) return 0;
+    if ((polls & 7) == 0) {
+      if (rammer_ld_acquire(state + num_veus) != 0) return 1;  // another vEU gave up: stop too
+      if ((long long)(rammer_now_ns() - start) > timeout_ns) {
+        rammer_record_fault(program, state, fault_page, kernel_id, num_veus, veu, pc, next_at,
+                            other, slot, step);
+        return 1;
+      }
+    }
   }
 }
 __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int* __restrict__ state,
@@ -97,22 +165,16 @@ __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int
                                             int num_veus, int pc, int next_at, long long timeout_ns,
                                             int* fault_page, int kernel_id) {
   // barrier-rTask: thread i polls wait entries i, i + nthreads, ...; an entry <vEU, step> waits for
-  // state[vEU] >= step, an entry <-(k+1), n> for operator counter k (after the fault record) >= n
+  // state[vEU] >= step, an entry <-(k+1), n> for operator counter k (after the fault record) >= n.
+  // Fast path: one acquire load per entry whose step is reached.
   for (int i = tid; i < count; i += nthreads) {
     const int other = program[first + 2 * i];
     const int step = program[first + 2 * i + 1];
     const int slot = other >= 0 ? other : num_veus + RAMMER_STATE_WORDS - other - 1;
-    const unsigned long long start = rammer_now_ns();
-    unsigned int pause = 32;
-    while (rammer_ld_acquire(state + slot) < step) {
-      if (rammer_ld_acquire(state + num_veus) != 0) return;  // another vEU gave up: stop too
-      __nanosleep(pause);
-      if (pause < 256) pause *= 2;
-      if ((long long)(rammer_now_ns() - start) > timeout_ns) {
-        rammer_record_fault(program, state, fault_page, kernel_id, num_veus, veu, pc, next_at,
-                            other, slot, step);
-        return;
-      }
+    if (rammer_ld_acquire(state + slot) < step &&
+        rammer_wait_slow(program, state, veu, num_veus, pc, next_at, timeout_ns, fault_page,
+                         kernel_id, other, slot, step)) {
+      return;
     }
   }
 }
@@ -121,17 +183,19 @@ __device__ __forceinline__ void rammer_wait(const int* __restrict__ program, int
 # sources are placed once per function name, in no set order: this one stands alone
 STOPPED_SOURCE = r"""
 __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int num_veus, int tid) {
-  // after a barrier-rTask: the whole vEU agrees whether the kernel gave up (one shared read)
-  __shared__ int rammer_stop_flag;
+  // after a barrier-rTask's closing __syncthreads: the whole vEU agrees whether the kernel gave up.
+  // One barrier-reduction; thread 0 alone reads the error word (relaxed: no data is consumed).
+  int gave_up = 0;
   if (tid == 0) {
+#ifdef RAMMER_EMULATE
+    gave_up = ::rammer_emu::load_relaxed(state + num_veus) != 0;
+#else
     int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(state + num_veus) : "memory");
-    rammer_stop_flag = v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(state + num_veus) : "memory");
+    gave_up = v != 0;
+#endif
   }
-  __syncthreads();
-  const int stop = rammer_stop_flag;
-  __syncthreads();
-  return stop;
+  return __syncthreads_or(gave_up);
 }
 """
 
@@ -147,9 +211,13 @@ TIMELINE_WORDS = 3  # int64 words per instruction: start ns, end ns, SM id
 
 TIMER_SOURCE = r"""
 __device__ __forceinline__ int64_t rammer_globaltimer() {
+#ifdef RAMMER_EMULATE
+  return (int64_t)::rammer_emu::globaltimer();
+#else
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
   return (int64_t)t;
+#endif
 }
 """
 
@@ -159,8 +227,13 @@ __device__ __forceinline__ void rammer_record(int64_t* __restrict__ timeline, in
   // caller: thread 0, after the instruction's __syncthreads, before it publishes its step
   unsigned long long end;
   unsigned int sm;
+#ifdef RAMMER_EMULATE
+  end = ::rammer_emu::globaltimer();
+  sm = ::rammer_emu::smid();
+#else
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end) :: "memory");
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+#endif
   int64_t* slot = timeline + 3 * (int64_t)index;
   slot[0] = start;
   slot[1] = (int64_t)end;

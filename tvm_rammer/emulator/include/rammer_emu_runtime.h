@@ -51,7 +51,7 @@ struct uint3_t { unsigned int x, y, z; };
 
 using CollectiveFn = void (*)(const void* const* ins, void* const* outs, unsigned mask, const void* ctx);
 
-enum : int { ST_RUNNABLE = 0, ST_BARRIER, ST_ARRIVE, ST_COLLECTIVE, ST_GRID, ST_SPIN, ST_DONE };
+enum : int { ST_RUNNABLE = 0, ST_BARRIER, ST_ARRIVE, ST_COLLECTIVE, ST_GRID, ST_SPIN, ST_DONE, ST_STUCK };
 enum : int { RC_OK = 0, RC_DEADLOCK = 1, RC_ERROR = 2, RC_UNKNOWN_KERNEL = 3 };
 
 constexpr int NUM_BARRIERS = 16;
@@ -95,6 +95,8 @@ struct Fiber {
   int cline;
   // spin
   const char* spin_what;
+  long long spin_args[4];
+  bool spin_fmt;
   int spin_line;
   int grid_line;
   char* stack_lo;
@@ -283,7 +285,14 @@ inline void grid_sync(int line) {
 // A spin wait's yield (e.g. __nanosleep in a polling loop): the fiber goes to the back of the queue.
 inline void spin_yield(const char* what, int line) {
   Fiber* f = g_cur;
-  f->state = ST_SPIN; f->spin_what = what; f->spin_line = line;
+  f->state = ST_SPIN; f->spin_what = what; f->spin_line = line; f->spin_fmt = false;
+  switch_to_scheduler(f);
+}
+// The same with a description for reports: `fmt` is a printf format taking four long longs.
+inline void spin_yield_for(const char* fmt, long long a, long long b, long long c, long long d, int line) {
+  Fiber* f = g_cur;
+  f->state = ST_SPIN; f->spin_what = fmt; f->spin_line = line; f->spin_fmt = true;
+  f->spin_args[0] = a; f->spin_args[1] = b; f->spin_args[2] = c; f->spin_args[3] = d;
   switch_to_scheduler(f);
 }
 
@@ -510,9 +519,16 @@ inline std::string where_of(const Fiber* f) {
       snprintf(buf, sizeof buf, "grid sync (%llu of %llu threads arrived) at line %d", g_launch.grid_arrived,
                g_launch.total_threads - g_launch.exited_total, f->grid_line);
       break;
-    case ST_SPIN: snprintf(buf, sizeof buf, "spinning (%s) at line %d", f->spin_what ? f->spin_what : "spin", f->spin_line); break;
+    case ST_SPIN: {
+      char what[160];
+      if (f->spin_fmt) snprintf(what, sizeof what, f->spin_what, f->spin_args[0], f->spin_args[1], f->spin_args[2], f->spin_args[3]);
+      else snprintf(what, sizeof what, "%s", f->spin_what ? f->spin_what : "spin");
+      snprintf(buf, sizeof buf, "spinning (%s) at line %d", what, f->spin_line);
+      break;
+    }
     case ST_RUNNABLE: snprintf(buf, sizeof buf, "runnable"); break;
     case ST_DONE: snprintf(buf, sizeof buf, "exited"); break;
+    case ST_STUCK: snprintf(buf, sizeof buf, "running without reaching a synchronisation point"); break;
     default: snprintf(buf, sizeof buf, "state %d", f->state);
   }
   return buf;
@@ -804,7 +820,7 @@ inline int run_launch(void (*run)(void*), void* ctx, const LaunchConfig* cfg, ch
       Fiber* f = g_cur;
       snprintf(buf, sizeof buf, "wall-clock limit of %.1f s reached while block %u thread %u ran without reaching a synchronisation point; where every thread waits:\n",
                L.wall_limit_s, f->block->linear, f->linear);
-      f->state = ST_RUNNABLE;
+      f->state = ST_STUCK;
       L.report = buf + waiting_report();
       L.rc = RC_DEADLOCK;
     } else if (jumped == 3) {
