@@ -152,6 +152,18 @@ def test_bench_on_a_gpu_without_onnxruntime_fails_at_the_start(monkeypatch):
     assert preflight.check("bench", args) == []
 
 
+def test_fuzz_on_the_gpu_without_onnxruntime_or_a_compiler_fails_at_the_start(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    gpu = cli.build_parser().parse_args(["fuzz", "--graphs", "1", "--gpu"])
+    with pytest.raises(ValueError, match="fuzz --gpu.*pip install onnxruntime"):
+        preflight.check("fuzz", gpu)
+    assert preflight.check("fuzz", cli.build_parser().parse_args(["fuzz", "--graphs", "1"])) == []
+    monkeypatch.delitem(sys.modules, "onnxruntime")
+    _gpu_host_without_compiler(monkeypatch)
+    with pytest.raises(ValueError, match="no CUDA compiler"):
+        preflight.check("fuzz", gpu)
+
+
 def test_run_without_onnxruntime_warns_before_it_starts(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     model = tmp_path / "m.onnx"

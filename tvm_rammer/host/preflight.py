@@ -4,8 +4,9 @@
 ValueError naming the fix (the CLI prints it and exits 2); a missing optional package returns a
 warning saying what the command skips, and the command then skips it:
 
-- ``compile``, ``run``, ``demo``, ``bench``, ``tune`` where TVM compiles CUDA (a GPU host): a CUDA
-  compiler (NVRTC or nvcc, ``host.cuda_compile``), else an error;
+- ``compile``, ``run``, ``demo``, ``bench``, ``tune``, ``fuzz --gpu`` where TVM compiles CUDA (a
+  GPU host): a CUDA compiler (NVRTC or nvcc, ``host.cuda_compile``), else an error;
+- ``fuzz --gpu``: onnxruntime (the comparison is the point), else an error;
 - ``--emulate``: a C++ compiler, else an error;
 - ``bench`` on a GPU: onnxruntime (every system's outputs are checked against it before they are
   timed), else an error; without torch / onnx2torch, a warning that its PyTorch columns are skipped;
@@ -39,7 +40,8 @@ def _gpu() -> bool:
 def check(command: str, args) -> list:
     """Warnings for ``command`` (strings); ValueError when something it needs is missing."""
     warnings = []
-    if command in BUILDS_CUDA and cuda_compile.tvm_builds_cuda() and \
+    gpu_fuzz = command == "fuzz" and getattr(args, "gpu", False)
+    if (command in BUILDS_CUDA or gpu_fuzz) and cuda_compile.tvm_builds_cuda() and \
             cuda_compile.compiler_choice().compiler is None:
         raise ValueError(f"`{command}` builds CUDA on this GPU host, but there is "
                          f"{cuda_compile.NO_COMPILER}")
@@ -54,6 +56,10 @@ def check(command: str, args) -> list:
             (command == "run" or _gpu()):
         warnings.append("onnxruntime is not installed: outputs are checked against TVM's default "
                         "pipeline instead of onnxruntime (pip install onnxruntime)")
+    if gpu_fuzz and packages.missing("onnxruntime"):
+        raise ValueError("`fuzz --gpu` compares every graph's outputs with onnxruntime, and "
+                         "onnxruntime is not installed: pip install onnxruntime (or the [test] "
+                         "extra), or fuzz without --gpu")
     if command == "bench":
         warnings += _bench(args)
     return warnings
