@@ -13,7 +13,7 @@ from .config import RammerConfig
 from .critical_path import rprogram_critical_paths
 from .frontend import import_onnx, lower
 from .report import summarize
-from .target import plain_target
+from .target import plain_target, resolve_target
 
 
 def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
@@ -43,6 +43,10 @@ def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=
     if timings is not None:
         timings.append(("TVM default pipeline (baseline)", time.perf_counter() - start))
     summary = summarize(rammer_mod, default_mod)
+    resolved = resolve_target(target)
+    if resolved.kind.name == "rocm":  # what each rProgram's code object says (tvm_rammer.rocm)
+        from .rocm.report import add_code_objects  # pylint: disable=import-outside-toplevel
+        add_code_objects(summary, rammer_mod, resolved)
     add_critical_paths(summary, capture.captured, (config or RammerConfig()).barrier_us)
     return summary, rammer_mod
 

@@ -41,12 +41,16 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from .helpers import compile_bitcode
-from .toolchain import export_rocm_path, find_toolchain
+from .dialect import WAVES_PER_EU_ATTR
+from .helpers import HELPER_NAMES, compile_bitcode
+from .toolchain import find_toolchain, rocm_path
 
 BUILD_FUNC = "target.build.rocm"
 BITCODE_FUNC = "tvm_callback_rocm_bitcode_path"
 LINK_FUNC = "tvm_callback_rocm_link"
+HELPERS_KEY = "rammer-helpers"
+_EXTERN = tvm.ir.Op.get("tirx.call_extern")
+TVM_FLAT_LIMIT = 256  # what TVM's codegen allows every kernel without a ROCm device
 _STATE = threading.local()
 _ORIGINAL = {}
 _ATTRS_RE = re.compile(r"^attributes #(\d+) = \{ (.*) \}$", re.M)
@@ -74,14 +78,14 @@ def capture():
 def bitcode_paths(*args):
     """``tvm_callback_rocm_bitcode_path``: ROCm's device libraries (TVM's list, when installed)
     and, inside :func:`build_rocm`, our helpers' bitcode for the target being built."""
-    toolchain = find_toolchain()
-    export_rocm_path(toolchain)
-    files = []
-    if toolchain.rocm_path:
-        files += [str(p) for p in _ORIGINAL[BITCODE_FUNC](*args)]
     building = _stack("building")
+    root = rocm_path()
+    if args or root is None:
+        files = [str(p) for p in _ORIGINAL[BITCODE_FUNC](*args)] if args or not building else []
+    else:  # TVM's list, from the device libraries found (Debian's need no ROCM_PATH)
+        files = [str(p) for p in _ORIGINAL[BITCODE_FUNC](os.path.join(root, "amdgcn", "bitcode"))]
     if building:
-        files.append(compile_bitcode(toolchain, building[-1]["mcpu"]))
+        files.append(compile_bitcode(find_toolchain(), building[-1]["mcpu"]))
     return files
 
 
@@ -102,29 +106,35 @@ def link(obj_bin):
 def kernel_attributes(mod: tvm.IRModule) -> dict:
     """Per device kernel of ``mod`` (its global symbol): the LLVM function attributes it needs,
     ``amdgpu-flat-work-group-size`` from its thread extents and, when it carries
-    ``launch_bounds_min_blocks_per_sm`` (persistent kernels), ``amdgpu-waves-per-eu``."""
+    ``rocm.dialect.WAVES_PER_EU_ATTR`` (persistent kernels), ``amdgpu-waves-per-eu``;
+    :data:`HELPERS_KEY` when it calls a helper of ours (not an LLVM attribute)."""
     out = {}
     for gvar, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
-        extents, bounds = {}, []
+        extents, waves, helpers = {}, [], []
 
         def visit(stmt):
             if stmt.attr_key == "thread_extent" and isinstance(stmt.value, tirx.IntImm):
                 tag = stmt.node.thread_tag
                 if tag.startswith("threadIdx"):
                     extents[tag] = int(stmt.value)
-            elif stmt.attr_key == "tirx.launch_bounds_min_blocks_per_sm":
-                bounds.append(int(stmt.value))
+            elif stmt.attr_key == WAVES_PER_EU_ATTR:
+                waves.append(int(stmt.value))
 
-        tvm_ffi.structural_walk(func.body, (tirx.AttrStmt, visit))
+        def call(node):
+            if node.op.same_as(_EXTERN) and str(node.args[0].value) in HELPER_NAMES:
+                helpers.append(node)
+
+        tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, visit), (tvm.ir.Call, call)])
         threads = 1
         for extent in extents.values():
             threads *= extent
         attrs = {"amdgpu-flat-work-group-size": f"1,{threads}"}
-        if bounds:
-            waves = -(-threads // 64)  # CDNA: wave64; 4 SIMDs per CU
-            attrs["amdgpu-waves-per-eu"] = str(max(1, -(-bounds[0] * waves // 4)))
+        if waves:
+            attrs["amdgpu-waves-per-eu"] = str(waves[0])
+        if helpers:
+            attrs[HELPERS_KEY] = True
         name = func.attrs.get("global_symbol", gvar.name_hint) if func.attrs else gvar.name_hint
         out[str(name)] = attrs
     return out
@@ -181,13 +191,20 @@ def compile_ir(ir_text: str, mcpu: str) -> bytes:
             return f.read()
 
 
+def _threads(attrs: dict) -> int:
+    return int(attrs["amdgpu-flat-work-group-size"].split(",")[1])
+
+
 def build_rocm(mod, target):
     """``target.build.rocm``: TVM's build with our bitcode and each kernel's real workgroup size
-    (module docstring)."""
-    toolchain = find_toolchain()
-    export_rocm_path(toolchain)
-    mcpu = str(target.attrs.get("mcpu", "gfx900"))
+    (module docstring). A module with neither a persistent kernel nor a kernel wider than TVM's
+    256 threads is TVM's build, untouched."""
     kernels = kernel_attributes(mod)
+    if not any(a.pop(HELPERS_KEY, False) | (_threads(a) > TVM_FLAT_LIMIT)
+               for a in kernels.values()):
+        return _ORIGINAL[BUILD_FUNC](mod, target)
+    find_toolchain()  # ToolchainMissing names what to install
+    mcpu = str(target.attrs.get("mcpu", "gfx900"))
     context = {"mcpu": mcpu, "hsaco": None, "record": False}
     building = _stack("building")
     building.append(context)

@@ -28,6 +28,9 @@ from . import early_exit
 from .helpers import BARRIER_NAME, GRID_SYNC_NAME
 
 LAUNCH_PARAMS_ATTR = "tirx.kernel_launch_params"
+WAVES_PER_EU_ATTR = "rammer_amdgpu_waves_per_eu"  # read by rocm.build.kernel_attributes
+WAVE = 64
+SIMDS_PER_CU = 4
 
 
 class AmdgpuDialect:
@@ -69,9 +72,25 @@ def _fenced(call):
     return call
 
 
-def _hand_threaded(stmt):
-    """``hand_threaded`` just inside the kernel's thread-extent (and launch-bounds) attributes."""
+def _hand_threaded(stmt, threads=None, veus_per_cu=None):
+    """``hand_threaded`` just inside the kernel's thread-extent (and launch-bounds) attributes,
+    and inside it :data:`WAVES_PER_EU_ATTR` when the vEUs per CU are known (TVM's device
+    functions keep no PrimFunc attribute of ours, the body's AttrStmts survive)."""
     if isinstance(stmt, tirx.AttrStmt) and stmt.attr_key in (
             "thread_extent", "tirx.launch_bounds_min_blocks_per_sm"):
-        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, _hand_threaded(stmt.body))
+        if stmt.attr_key == "thread_extent" and stmt.node.thread_tag == "threadIdx.x":
+            threads = int(stmt.value)
+        if stmt.attr_key == "tirx.launch_bounds_min_blocks_per_sm":
+            veus_per_cu = int(stmt.value)
+        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value,
+                             _hand_threaded(stmt.body, threads, veus_per_cu))
+    if threads and veus_per_cu:
+        stmt = tirx.AttrStmt(tirx.const(0, "int32"), WAVES_PER_EU_ATTR,
+                             waves_per_eu(threads, veus_per_cu), stmt)
     return tirx.AttrStmt(tirx.const(0, "int32"), "hand_threaded", 0, stmt)
+
+
+def waves_per_eu(threads: int, veus_per_cu: int) -> int:
+    """Waves each SIMD must hold for ``veus_per_cu`` vEUs of ``threads`` threads on a CU (wave64,
+    4 SIMDs): the ``amdgpu-waves-per-eu`` minimum, AMDGPU's ``__launch_bounds__`` occupancy."""
+    return max(1, -(-veus_per_cu * -(-threads // WAVE) // SIMDS_PER_CU))

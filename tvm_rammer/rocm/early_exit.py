@@ -37,6 +37,7 @@ from tir_templates.prelower import SHARED_SCOPES, UnsupportedKernel
 
 _SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
 _DECLARATIONS = (tirx.Bind, tirx.DeclBuffer, tirx.AllocBuffer)
+_LOAD = tvm.ir.expr.TensorLoad  # the class tirx.BufferLoad(...) builds
 
 
 def is_block_barrier(expr) -> bool:
@@ -68,7 +69,7 @@ def _uses(expr, variant: set) -> bool:
     def load(node):
         hits.append(node)
 
-    tvm_ffi.structural_walk(expr, (tvm.ir.Var, var), (tirx.BufferLoad, load))
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, var), (_LOAD, load)])
     return bool(hits)
 
 
@@ -149,7 +150,7 @@ class _Guard:
 
 def _has_load(expr) -> bool:
     hits = []
-    tvm_ffi.structural_walk(expr, (tirx.BufferLoad, hits.append))
+    tvm_ffi.structural_walk(expr, (_LOAD, hits.append))
     return bool(hits)
 
 

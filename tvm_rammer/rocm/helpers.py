@@ -162,7 +162,7 @@ void rammer_grid_sync(G int* page, int num_veus, int tid, long timeout_ns, int k
     const int gen = ld_acquire(generation);
     const int arrived = __scoped_atomic_fetch_add(count, 1, __ATOMIC_ACQ_REL, AGENT);
     if (arrived == num_veus - 1) {
-      __scoped_atomic_store_n(count, 0, __ATOMIC_RELAXED, AGENT);
+      __scoped_atomic_store_n(count, 0, __ATOMIC_RELEASE, AGENT);  // no relaxed atomic store
       __scoped_atomic_store_n(generation, gen + 1, __ATOMIC_RELEASE, AGENT);
     } else {
       const long start = now_ns();

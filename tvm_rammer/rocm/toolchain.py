@@ -10,7 +10,8 @@ major version:
   ``llvm-objdump-22`` read the code object's metadata and disassembly
   (:mod:`tvm_rammer.rocm.codeobject`);
 * ROCm's device bitcode (``ocml`` and friends, Debian ``rocm-device-libs``) for kernels that call
-  math functions; TVM finds it through ``ROCM_PATH``.
+  math functions: :func:`rocm_path` finds it (``ROCM_PATH``, ``/opt/rocm``, Debian's
+  ``/usr/lib/x86_64-linux-gnu``) and ``tvm_rammer.rocm.build`` hands TVM its directory.
 
 :func:`find_toolchain` returns a :class:`Toolchain` or raises :class:`ToolchainMissing`, whose
 message names the missing pieces and :data:`INSTALL_COMMAND`. ``scripts/test.sh`` installs them
@@ -100,10 +101,3 @@ def missing_reason() -> str | None:
     """Why the AMDGPU build cannot run here (with the install command), or None when it can."""
     found = _find()
     return found if isinstance(found, str) else None
-
-
-def export_rocm_path(toolchain: Toolchain) -> None:
-    """Point TVM's bitcode lookup (``tvm.support.rocm.find_rocm_path``, which reads ``ROCM_PATH``)
-    at the device libraries found. An edge of the process: only set when unset."""
-    if toolchain.rocm_path and "ROCM_PATH" not in os.environ:
-        os.environ["ROCM_PATH"] = toolchain.rocm_path

@@ -1,0 +1,68 @@
+"""``inspect`` for ROCm targets: what each rProgram's code object says.
+
+:func:`code_object_reports` builds the persistent kernels of a rammer-lowered module through TVM's
+ROCm build (``tvm_rammer.rocm.build``, code objects captured) and reads, per rProgram, the
+metadata (``code_object``: VGPRs, SGPRs, LDS, scratch, workgroup limit, wavefront size), the vEUs
+per CU that metadata allows (``veus_per_cu_code_object``, :mod:`tvm_rammer.rocm.occupancy`) and
+the memory-ordering check of its disassembly (``ordering``). :func:`add_code_objects` puts them
+into ``report.summarize``'s dict.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+from .build import capture
+from .codeobject import check_ordering, disassemble, read_metadata
+from .occupancy import veus_per_cu
+from .targets import rocm_arch
+
+KERNEL_SUFFIX = "_kernel"  # TVM's device function of PrimFunc f is f_kernel
+
+
+def persistent_funcs(mod: tvm.IRModule) -> dict:
+    """``{name: PrimFunc}`` of the persistent kernels (``rammer.num_veus``) in ``mod``."""
+    return {gv.name_hint: f for gv, f in mod.functions_items()
+            if isinstance(f, tirx.PrimFunc) and f.attrs is not None
+            and "rammer.num_veus" in f.attrs}
+
+
+def build_code_object(funcs: dict, target) -> bytes:
+    """The code object TVM's ROCm build makes of ``funcs`` (one module, one code object)."""
+    with capture() as found:
+        tvm.tirx.build(tvm.IRModule(funcs), target=tvm.target.Target(target, host="llvm"))
+    if not found:
+        raise RuntimeError("TVM's ROCm build linked no code object")
+    return found[-1]
+
+
+def code_object_reports(mod: tvm.IRModule, target) -> dict:
+    """``{rProgram kernel name: {"code_object", "veus_per_cu_code_object", "ordering"}}``."""
+    funcs = persistent_funcs(mod)
+    if not funcs:
+        return {}
+    arch = rocm_arch(target)
+    hsaco = build_code_object(funcs, target)
+    metadata = read_metadata(hsaco)
+    code = disassemble(hsaco, arch)
+    out = {}
+    for name, func in funcs.items():
+        symbol = name + KERNEL_SUFFIX
+        meta = metadata[symbol]
+        threads = int(func.attrs["rammer.veu_threads"])
+        try:
+            fits = veus_per_cu(meta, threads, arch)
+        except ValueError as err:
+            fits = f"none: {err}"
+        out[name] = {"code_object": meta.as_dict(), "veus_per_cu_code_object": fits,
+                     "ordering": check_ordering(code.get(symbol, []), arch)}
+    return out
+
+
+def add_code_objects(summary: dict, mod: tvm.IRModule, target) -> None:
+    """Each entry of ``summary["programs"]`` (``report.summarize``) gets its code object's
+    figures (:func:`code_object_reports`)."""
+    reports = code_object_reports(mod, target)
+    for program in summary.get("programs", []):
+        program.update(reports.get(program["kernel"], {}))
