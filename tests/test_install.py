@@ -30,7 +30,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tvm_rammer", "relay_passes", "tir_templates")
-DATA = ("tvm_rammer/profiles/*.json", "tvm_rammer/emulator/include/**/*")
 SKIP_COPY = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
                                    ".pytest_cache", "*.so", ".gpu", "out")
 
@@ -45,11 +44,12 @@ def _run(cmd, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
 
 
 def _data_files(source: Path) -> set:
-    """Package-data files of a source tree, relative to its root."""
-    found = set()
-    for pattern in DATA:
-        found |= {p.relative_to(source).as_posix() for p in source.glob(pattern) if p.is_file()}
-    return found
+    """Every file of the packages of a source tree that is not Python (the profile databases, the
+    emulator's headers, ...), relative to its root: a data file added anywhere must reach the
+    wheel (setup.py's package_data)."""
+    return {p.relative_to(source).as_posix() for package in PACKAGES
+            for p in (source / package).rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
 
 
 def _modules(source: Path) -> set:
