@@ -53,6 +53,8 @@ _EXTERN = tvm.ir.Op.get("tirx.call_extern")
 TVM_FLAT_LIMIT = 256  # what TVM's codegen allows every kernel without a ROCm device
 _STATE = threading.local()
 _ORIGINAL = {}
+_LDS_RE = re.compile(r'^@"?([\w.$]+)"? = internal (?:unnamed_addr )?addrspace\(3\) global \[(\d+) x',
+                     re.M)
 _ATTRS_RE = re.compile(r"^attributes #(\d+) = \{ (.*) \}$", re.M)
 _DEFINE_RE = re.compile(r"^define [^@\n]*amdgpu_kernel [^@\n]*@([\w.$]+)\(.*\) (?:[^#\n]*)#(\d+)",
                         re.M)
@@ -143,10 +145,17 @@ def kernel_attributes(mod: tvm.IRModule) -> dict:
 def patch_attributes(ir_text: str, kernels: dict) -> str:
     """``ir_text`` with each kernel of ``kernels`` (name -> {attribute: value}) given those string
     attributes in an attribute group of its own. Raises ValueError when a kernel is missing or
-    the IR was specialised for TVM's workgroup size (LDS-promoted allocas)."""
-    if "promotealloca" in ir_text:
-        raise ValueError("TVM's optimizer promoted private arrays to LDS for 256-thread workgroups;"
-                         " this module cannot be rebuilt for its real workgroup sizes")
+    a kernel made wider than 256 threads had a private array promoted to LDS by TVM's optimizer
+    (``<kernel>.<alloca>``, one slot per thread of a 256-thread workgroup: too small for it;
+    promotion to registers, ``%promotealloca`` values, is harmless)."""
+    promoted = {m.group(1).split(".")[0] for m in _LDS_RE.finditer(ir_text)
+                if int(m.group(2)) == TVM_FLAT_LIMIT and "." in m.group(1)}
+    for name, attrs in kernels.items():
+        size = attrs.get("amdgpu-flat-work-group-size", "1,0")
+        if name in promoted and int(size.split(",")[1]) > TVM_FLAT_LIMIT:
+            raise ValueError(f"{name}: TVM's optimizer promoted a private array to LDS for "
+                             f"{TVM_FLAT_LIMIT}-thread workgroups; it cannot be rebuilt for "
+                             f"{size.split(',')[1]} threads")
     groups = {m.group(1): m.group(2) for m in _ATTRS_RE.finditer(ir_text)}
     next_id = max((int(k) for k in groups), default=-1) + 1
     defined = {}

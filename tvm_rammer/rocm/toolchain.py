@@ -53,10 +53,10 @@ class Toolchain:
     rocm_path: str | None
 
 
-def _which(name: str) -> str | None:
+def _which(name: str, path: str | None) -> str | None:
     for candidate in (f"{name}-{LLVM_MAJOR}", name):
-        found = shutil.which(candidate) or shutil.which(
-            candidate, path=f"/usr/lib/llvm-{LLVM_MAJOR}/bin")
+        found = shutil.which(candidate, path=path) or (path is None and shutil.which(
+            candidate, path=f"/usr/lib/llvm-{LLVM_MAJOR}/bin"))
         if found and (candidate != name or _major_ok(found)):
             return found
     return None
@@ -76,9 +76,10 @@ def rocm_path() -> str | None:
     return None
 
 
-@lru_cache(maxsize=1)
-def _find() -> Toolchain | str:
-    found = {field: _which(tool) for field, tool in _TOOLS.items()}
+def locate(path: str | None = None) -> Toolchain | str:
+    """The toolchain on ``path`` (None: ``PATH`` and ``/usr/lib/llvm-22/bin``), or the message
+    saying what is missing and how to install it."""
+    found = {field: _which(tool, path) for field, tool in _TOOLS.items()}
     missing = [f"{_TOOLS[f]}-{LLVM_MAJOR}" for f, path in found.items() if path is None]
     root = rocm_path()
     if root is None:
@@ -87,6 +88,11 @@ def _find() -> Toolchain | str:
         return (f"the AMDGPU build needs {', '.join(missing)}; install with: {INSTALL_COMMAND} "
                 "(or set ROCM_PATH to a ROCm installation)")
     return Toolchain(rocm_path=root, **found)
+
+
+@lru_cache(maxsize=1)
+def _find() -> Toolchain | str:
+    return locate()
 
 
 def find_toolchain() -> Toolchain:
