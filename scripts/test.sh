@@ -5,6 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e ".[test]" || exit 1
+scripts/install_rocm_toolchain.sh  # LLVM 22 + ROCm bitcode for tests/test_rocm.py (skips if impossible)
 python3 -m pytest -q "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -107,3 +107,11 @@ def missing_reason() -> str | None:
     """Why the AMDGPU build cannot run here (with the install command), or None when it can."""
     found = _find()
     return found if isinstance(found, str) else None
+
+
+if __name__ == "__main__":  # scripts/install_rocm_toolchain.sh: exit status 0 = found
+    import sys
+
+    REASON = missing_reason()
+    print(REASON or f"AMDGPU toolchain found: {find_toolchain()}")
+    sys.exit(1 if REASON else 0)
