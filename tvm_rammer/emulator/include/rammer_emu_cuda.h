@@ -24,9 +24,9 @@
 #endif
 #ifndef __CUDACC_VER_MAJOR__
 #define __CUDACC_VER_MAJOR__ 12
-#define __CUDACC_VER_MINOR__ 4
+#define __CUDACC_VER_MINOR__ 8  // 12.8: cuda_fp16.h has htanh (rammer_emu_half.h), TVM's preamble must not add it
 #endif
-#define CUDART_VERSION 12040
+#define CUDART_VERSION 12080
 #define warpSize 32
 #define RAMMER_EMU_SITE ([]() -> const void* { static const char rammer_emu_site_ = 0; return &rammer_emu_site_; }())
 
