@@ -8,11 +8,18 @@ other threads' outputs too, from its own uninitialised local buffer (AlexNet's
 ``max_pool2d:spatial_t128x4``, rel err 0.68 in the CUDA emulator). These tests run the scheduled
 PrimFunc on the CPU with its thread loops made serial (``conftest_tir.serial_threads``) against the
 unscheduled PrimFunc, on shapes whose output planes do and do not divide by ``per``.
+
+A second defect of the same write-back, found by ``scripts/version_sweep.py`` (seq2seq's 3x64
+matmul, ``spatial_t256x1``: heap corruption on the CPU): with one thread block of more threads than
+outputs, TVM gave the write-back a domain past the output's last row and no predicate, so idle
+threads stored out of bounds. Running that would corrupt memory, so its test checks the TIR: no
+block's domain indexes past the buffer it writes.
 """
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import relax, s_tir, tirx
 
 from conftest_tir import TARGET, cuda_source, serial_threads, single_op_module
 from tir_templates.templates import schedule_spatial
@@ -75,3 +82,44 @@ def test_each_thread_writes_only_its_own_outputs():
     assert "pool_max_local_ptr[1];" in source
     stores = [line for line in source.splitlines() if "pool_max_ptr[" in line and "=" in line]
     assert len(stores) == 1 and stores[0].strip().endswith("= pool_max_local_ptr[0];")
+
+
+def write_domains_past_the_buffer(func):
+    """(block, buffer, dim) for every block iterator that indexes a buffer it writes and whose
+    domain is larger than that dimension (an unpredicated store out of bounds)."""
+    found = []
+
+    def visit(block):
+        extents = {iv.var: int(iv.dom.extent) for iv in block.iter_vars}
+        for region in block.writes:
+            buffer = region.source
+            for dim, (rng, size) in enumerate(zip(region.region, buffer.ty.shape)):
+                var = rng.min
+                if isinstance(var, tirx.Var) and var in extents and extents[var] > int(size):
+                    found.append((block.name_hint, buffer.name, dim))
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
+    return found
+
+
+@pytest.mark.parametrize("threads, per", [(256, 1), (128, 1), (64, 4)])
+def test_idle_threads_of_a_single_block_store_nothing(threads, per):
+    """3 x 64 = 192 outputs: one block of 256 threads leaves 64 idle (their output row 3 does not
+    exist); the write-back must not range over it."""
+    func = unscheduled(relax.op.matmul, (3, 16), (16, 64))
+    scheduled = schedule_spatial(func, threads, per)
+    assert write_domains_past_the_buffer(scheduled) == []
+    np.testing.assert_allclose(run_cpu(serial_threads(scheduled))[-1], run_cpu(func)[-1],
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_the_domain_check_sees_a_store_past_the_end():
+    """Negative control: a block whose domain is one row longer than the buffer it writes."""
+    @tvm.script.tirx.prim_func(s_tir=True)
+    def too_long(a: tvm.script.tirx.Buffer((3, 4), "float32")):
+        for i, j in tvm.script.tirx.grid(4, 4):
+            with tvm.script.tirx.sblock("store"):
+                vi, vj = tvm.script.tirx.axis.remap("SS", [i, j])
+                a[vi, vj] = 1.0
+
+    assert write_domains_past_the_buffer(too_long) == [("store", "a", 0)]

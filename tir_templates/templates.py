@@ -125,23 +125,26 @@ def schedule_spatial(func: tirx.PrimFunc, threads: int, per_thread: int = 1) -> 
     outputs = _extent(sch, fused)
     if outputs < threads * per_thread // 2 and (threads > 32 or per_thread > 1):
         return None  # most threads would idle; a narrower variant covers this operator
-    bx, tx, vec = sch.split(fused, factors=[None, threads, per_thread])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
     if r_loops:
-        # One output at a time: its accumulator is initialised, reduced and written back inside
-        # ``vec``. Under ``tx`` instead, the write-back would cover the bounding box of the thread's
-        # ``per_thread`` outputs in the output's own dimensions: whole rows or planes whenever
-        # ``per_thread`` does not divide the innermost extent (4 outputs of a 7x7 plane), so each
-        # thread would also store the other threads' outputs from its uninitialised local buffer.
-        # (With one output per thread the two are the same; ``tx`` keeps those versions' keys.)
+        # The write-back of each output sits in the fused output loop, next to its reduction,
+        # *before* that loop is split: the split then predicates both blocks alike (an output
+        # index past the end is neither computed nor stored). Placed under the thread loop after
+        # the split instead, TVM's region analysis gives the write-back the bounding box of the
+        # thread's outputs in the output's own dimensions: whole planes when ``per_thread`` does
+        # not divide the innermost extent (4 outputs of a 7x7 plane: each thread stored the other
+        # threads' outputs from its uninitialised local buffer), and with one block of more
+        # threads than outputs a domain past the output's end, unpredicated (stores out of bounds).
         local = sch.cache_write(block, 0, "local")
-        sch.reverse_compute_at(local, vec if per_thread > 1 else tx)
+        sch.reverse_compute_at(local, fused)
         if epilogue is not None:
             try:
                 sch.reverse_compute_inline(epilogue)
             except Exception:  # pylint: disable=broad-except  (not elementwise on the output)
                 return None
+    bx, tx, _ = sch.split(fused, factors=[None, threads, per_thread])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if r_loops:
         sch.decompose_reduction(block, r_loops[0])
     return _finish(sch)
 
