@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tir_templates.prelower import UnsupportedKernel, prelower  # noqa: E402
-from tir_templates.serial_run import run_on_cpu, serial_threads  # noqa: E402
+from tir_templates.serial_run import run_on_cpu, serial_threads, stores_past_the_end  # noqa: E402
 from tir_templates.templates import template_schedules  # noqa: E402
 from tvm_rammer.config import RammerConfig  # noqa: E402
 from tvm_rammer.frontend import import_onnx  # noqa: E402
@@ -122,7 +122,13 @@ def max_rel_err(got: list, want: list) -> float:
 
 
 def check(func, arrays, reference) -> tuple:
-    """(max_rel_err or None, reason) of one scheduled PrimFunc run with serial threads."""
+    """(max_rel_err or None, reason) of one scheduled PrimFunc run with serial threads; a version
+    that would store past the end of a buffer (``stores_past_the_end``) is not run (it would
+    corrupt this process's memory): infinite error, the stores named."""
+    past = stores_past_the_end(func)
+    if past:
+        return float("inf"), "stores out of bounds: " + ", ".join(
+            f"block {b} writes {buf} past dimension {d}" for b, buf, d in past)
     try:
         got = run_on_cpu(serial_threads(func), arrays)
     except Exception as err:  # pylint: disable=broad-except  (reported per version, not fatal)
@@ -158,13 +164,43 @@ def sweep_model(model: str, target, config: RammerConfig, tolerance: float, log)
                 records.append(record)
                 continue
             err, reason = check(func, arrays, reference)
-            record["max_rel_err"] = err
             record["valid"] = None if err is None else bool(err <= tolerance)
+            record["max_rel_err"] = err if err is None or np.isfinite(err) else None
+            if err is not None and not np.isfinite(err) and not reason:
+                reason = "NaN/inf where the reference is finite"
             if reason:
                 record["reason"] = reason
             records.append(record)
             if record["valid"] is False:
-                log(f"  WRONG {model} {name} {version}: rel err {err:.3g}")
+                log(f"  WRONG {model} {name} {version}: rel err {err:.3g} {reason}")
+    return records
+
+
+def sweep_isolated(model: str, target, config: RammerConfig, tolerance: float, log) -> list:
+    """:func:`sweep_model` in a forked child process, so a version that corrupts memory in a way
+    the checks do not foresee ends that model's sweep, not the whole run: then one record with
+    ``valid: null`` and the child's exit status is returned for the model."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child():
+        send.send(sweep_model(model, target, config, tolerance, log))
+        send.close()
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    send.close()
+    try:
+        records = receive.recv()
+    except EOFError:
+        records = None
+    proc.join()
+    if records is None or proc.exitcode != 0:
+        return [{"model": model, "operator": "*", "version": "*", "source": "", "produced": False,
+                 "coarsenings": [], "valid": None, "max_rel_err": None,
+                 "reason": f"the sweep process died (exit status {proc.exitcode})"}]
     return records
 
 
@@ -229,10 +265,11 @@ def main(argv=None) -> int:
     records = []
     for model in args.models or list(MODELS):
         start = time.perf_counter()
-        found = sweep_model(model, target, config, tolerance, lambda m: print(m, file=sys.stderr))
+        found = sweep_isolated(model, target, config, tolerance,
+                               lambda m: print(m, file=sys.stderr, flush=True))
         records += found
         print(f"{model}: {len(found)} versions in {time.perf_counter() - start:.0f} s",
-              file=sys.stderr)
+              file=sys.stderr, flush=True)
     summary = summarize(records)
     doc = {"commit": _commit(), "precision": args.precision, "tolerance": tolerance,
            "records": records, "summary": summary}

@@ -18,10 +18,10 @@ block's domain indexes past the buffer it writes.
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
-from tvm import relax, s_tir, tirx
+from tvm import relax, tirx
 
 from conftest_tir import TARGET, cuda_source, serial_threads, single_op_module
+from tir_templates.serial_run import stores_past_the_end
 from tir_templates.templates import schedule_spatial
 
 
@@ -84,31 +84,13 @@ def test_each_thread_writes_only_its_own_outputs():
     assert len(stores) == 1 and stores[0].strip().endswith("= pool_max_local_ptr[0];")
 
 
-def write_domains_past_the_buffer(func):
-    """(block, buffer, dim) for every block iterator that indexes a buffer it writes and whose
-    domain is larger than that dimension (an unpredicated store out of bounds)."""
-    found = []
-
-    def visit(block):
-        extents = {iv.var: int(iv.dom.extent) for iv in block.iter_vars}
-        for region in block.writes:
-            buffer = region.source
-            for dim, (rng, size) in enumerate(zip(region.region, buffer.ty.shape)):
-                var = rng.min
-                if isinstance(var, tirx.Var) and var in extents and extents[var] > int(size):
-                    found.append((block.name_hint, buffer.name, dim))
-
-    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
-    return found
-
-
 @pytest.mark.parametrize("threads, per", [(256, 1), (128, 1), (64, 4)])
 def test_idle_threads_of_a_single_block_store_nothing(threads, per):
     """3 x 64 = 192 outputs: one block of 256 threads leaves 64 idle (their output row 3 does not
     exist); the write-back must not range over it."""
     func = unscheduled(relax.op.matmul, (3, 16), (16, 64))
     scheduled = schedule_spatial(func, threads, per)
-    assert write_domains_past_the_buffer(scheduled) == []
+    assert stores_past_the_end(scheduled) == []
     np.testing.assert_allclose(run_cpu(serial_threads(scheduled))[-1], run_cpu(func)[-1],
                                rtol=1e-6, atol=1e-6)
 
@@ -122,4 +104,4 @@ def test_the_domain_check_sees_a_store_past_the_end():
                 vi, vj = tvm.script.tirx.axis.remap("SS", [i, j])
                 a[vi, vj] = 1.0
 
-    assert write_domains_past_the_buffer(too_long) == [("store", "a", 0)]
+    assert stores_past_the_end(too_long) == [("store", "a", 0)]
