@@ -3,7 +3,7 @@ code object (no AMD GPU needed; nothing runs).
 
 For each model: ``tvm-rammer compile MODEL.onnx --target T -o m.so`` (the library must be written)
 and ``tvm-rammer inspect MODEL.onnx --target T --json``; per rProgram the code object's figures must
-satisfy the checks of ``tests/test_rocm.py`` (no scratch or spills, LDS <= 64 KiB, workgroup limit
+satisfy the checks of ``tests/test_rocm.py`` (no scratch or VGPR spills, LDS <= 64 KiB, workgroup limit
 >= vEU width, wave64, at least as many vEUs per CU as the placement assumed, no memory-ordering
 problem). Prints a Markdown table (the one in benchmarks/README.md) and exits non-zero when a model
 fails.
@@ -40,8 +40,8 @@ def problems_of(program: dict) -> list:
     if code is None:
         return ["no code object figures"]
     found = []
-    if code["scratch_bytes"] or code["spills"]:
-        found.append(f"scratch {code['scratch_bytes']} B, {code['spills']} spills")
+    if code["scratch_bytes"] or code["vgpr_spills"]:
+        found.append(f"scratch {code['scratch_bytes']} B, {code['vgpr_spills']} VGPR spills")
     if code["lds_bytes"] > 65536:
         found.append(f"LDS {code['lds_bytes']} B > 64 KiB")
     if code["max_flat_workgroup_size"] < program["veu_threads"]:
@@ -79,6 +79,7 @@ def run(label, name, kwargs, target, out_dir) -> dict:
                vgprs=max((p["code_object"]["vgprs"] for p in programs), default=0),
                sgprs=max((p["code_object"]["sgprs"] for p in programs), default=0),
                lds=max((p["code_object"]["lds_bytes"] for p in programs), default=0),
+               sgpr_spills=sum(p["code_object"]["sgpr_spills"] for p in programs),
                veus_per_cu=min((p["veus_per_cu_code_object"] for p in programs
                                 if isinstance(p["veus_per_cu_code_object"], int)), default=0),
                acquires=sum(p["ordering"]["acquires"] for p in programs),
@@ -101,12 +102,13 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     print(f"| model ({args.target}) | compile s | rPrograms | vEU threads | max VGPRs | max SGPRs "
-          "| max LDS B | min vEUs/CU | acquires | releases | problems |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| max LDS B | SGPR spills | min vEUs/CU | acquires | releases | problems |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['compile_s']:.1f} | {r.get('rprograms', '-')} | "
               f"{r.get('veu_threads', '-')} | {r.get('vgprs', '-')} | {r.get('sgprs', '-')} | "
-              f"{r.get('lds', '-')} | {r.get('veus_per_cu', '-')} | {r.get('acquires', '-')} | "
+              f"{r.get('lds', '-')} | {r.get('sgpr_spills', '-')} | {r.get('veus_per_cu', '-')} | "
+              f"{r.get('acquires', '-')} | "
               f"{r.get('releases', '-')} | {'; '.join(r['problems']) or 'none'} |")
     return 1 if any(r["problems"] for r in rows) else 0
 

@@ -100,7 +100,7 @@ def test_veus_per_cu_from_metadata_counts_vgprs_sgprs_and_refuses_a_narrow_code_
         return codeobject.KernelMetadata(**{**base, **kw})
     assert veus_per_cu(meta(), 256, "gfx942") == 8          # 8 waves per SIMD at 64 VGPRs
     assert veus_per_cu(meta(vgprs=100), 256, "gfx942") == 4  # 104 allocated: 512 // 104 = 4 waves
-    assert veus_per_cu(meta(vgprs=100, agprs=60), 256, "gfx942") == 3  # unified file: 160 -> 3
+    assert veus_per_cu(meta(vgprs=160, agprs=60), 256, "gfx942") == 3  # unified total: 160 -> 3
     assert veus_per_cu(meta(sgprs=102), 256, "gfx942") == 7  # 800 // 112 = 7 waves per SIMD
     with pytest.raises(ValueError, match="allows 256 threads per workgroup, the vEU has 512"):
         veus_per_cu(meta(), 512, "gfx942")

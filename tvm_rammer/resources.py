@@ -52,6 +52,10 @@ class ResourceProbe:
 
     def registers(self, spec: PersistentKernelSpec, target: tvm.target.Target):
         """Registers per thread of ``spec``'s kernel (with barrier code), or None."""
+        if target.kind.name == "rocm":  # always: no cooperative launch refuses a grid that cannot
+            # be co-resident, so the placement must use the compiled kernel's VGPRs (tvm_rammer.rocm)
+            from .rocm.report import probe_registers  # pylint: disable=import-outside-toplevel
+            return probe_registers(spec, target)
         if not self.enabled:
             return None
         from tir_templates.cuda_resources import compile_cuda_resources

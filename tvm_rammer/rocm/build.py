@@ -66,15 +66,27 @@ def _stack(name: str) -> list:
     return getattr(_STATE, name)
 
 
+def _remove(stack: list, item) -> None:
+    """Remove ``item`` itself (not an equal one: captures are lists, empty ones compare equal)."""
+    del stack[next(i for i, x in enumerate(stack) if x is item)]
+
+
 @contextlib.contextmanager
-def capture():
-    """Collect the code objects (bytes) linked by ROCm builds in this thread meanwhile."""
+def capture(code_only: bool = False):
+    """Collect the code objects (bytes) linked by ROCm builds in this thread meanwhile (not
+    those of a nested capture).
+
+    ``code_only``: the caller wants the code objects, not the modules: :func:`build_rocm` then
+    skips the second TVM build that only puts the code object into the module (the module it
+    returns holds TVM's own code object, limited to 256 threads: discard it)."""
     found: list = []
     _stack("captures").append(found)
+    _stack("code_only").append(code_only)
     try:
         yield found
     finally:
-        _stack("captures").remove(found)
+        _remove(_stack("captures"), found)
+        _stack("code_only").pop()
 
 
 def bitcode_paths(*args):
@@ -93,15 +105,16 @@ def bitcode_paths(*args):
 
 def link(obj_bin):
     """``tvm_callback_rocm_link``: ld.lld (TVM's), or the code object :func:`build_rocm`
-    compiled itself; the result is recorded in every open :func:`capture`."""
+    compiled itself; the result is recorded in the innermost open :func:`capture` (a build
+    nested in another, e.g. the register probe inside a compile, is not the outer one's)."""
     building = _stack("building")
     if building and building[-1]["hsaco"] is not None:
         hsaco = building[-1]["hsaco"]
     else:
         hsaco = bytes(_ORIGINAL[LINK_FUNC](obj_bin))
-    if not building or building[-1]["record"]:
-        for found in _stack("captures"):
-            found.append(bytes(hsaco))
+    captures = _stack("captures")
+    if captures and (not building or building[-1]["record"]):
+        captures[-1].append(bytes(hsaco))  # the innermost capture claims it
     return bytearray(hsaco)
 
 
@@ -221,9 +234,13 @@ def build_rocm(mod, target):
         first = _ORIGINAL[BUILD_FUNC](mod, target)  # its code object is nobody's: not recorded
         context["hsaco"] = compile_ir(patch_attributes(first.inspect_source("hip"), kernels), mcpu)
         context["record"] = True
+        code_only = _stack("code_only")
+        if code_only and code_only[-1]:
+            link(None)  # records our code object in the open captures
+            return first
         return _ORIGINAL[BUILD_FUNC](mod, target)
     finally:
-        building.remove(context)
+        _remove(building, context)
 
 
 def install() -> None:

@@ -60,7 +60,8 @@ class KernelMetadata:
                 "lds_bytes": self.lds_bytes, "scratch_bytes": self.scratch_bytes,
                 "max_flat_workgroup_size": self.max_flat_workgroup_size,
                 "wavefront_size": self.wavefront_size,
-                "spills": self.vgpr_spills + self.sgpr_spills}
+                # VGPR spills go to scratch memory; SGPR spills to VGPR lanes (no memory)
+                "vgpr_spills": self.vgpr_spills, "sgpr_spills": self.sgpr_spills}
 
 
 def _tool(toolchain: Toolchain | None, args: list, hsaco: bytes) -> str:

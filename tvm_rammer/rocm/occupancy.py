@@ -8,8 +8,8 @@ AMDGPU backend wrote into the code object (``codeobject.KernelMetadata``), with 
 ``rocm.targets.VDEVICE_PRESETS`` (``VDevice.occupancy`` with a CU for an SM):
 
 - waves: ``ceil(threads / 64)`` per vEU, at most 8 per SIMD, 4 SIMDs;
-- VGPRs: ``vgpr_count + agpr_count`` (the unified file of gfx90a/gfx942; the metadata's counts are
-  the allocated ones) rounded up to 8 per lane, 512 per lane per SIMD;
+- VGPRs: ``vgpr_count`` (on gfx90a/gfx942 the metadata's total of the unified VGPR+AGPR file;
+  ``agpr_count`` is the AGPR part of it) rounded up to 8 per lane, 512 per lane per SIMD;
 - SGPRs: 800 per SIMD, ``sgpr_count`` rounded up to 16 per wave;
 - LDS: ``group_segment_fixed_size`` (and any dynamic LDS) rounded up to 512 bytes, 64 KiB per CU;
 - at most 16 multi-wave workgroups per CU.
@@ -34,7 +34,7 @@ def veus_per_cu(meta: KernelMetadata, threads: int, arch: str, dynamic_lds: int 
         raise ValueError(f"{meta.name}: the code object allows {meta.max_flat_workgroup_size} "
                          f"threads per workgroup, the vEU has {threads}")
     vdevice = VDevice.for_arch(arch)
-    registers = -(-(meta.vgprs + meta.agprs) // 8) * 8
+    registers = -(-meta.vgprs // 8) * 8
     by_vgprs = vdevice.occupancy(threads, registers, meta.lds_bytes + dynamic_lds)
     waves = -(-threads // meta.wavefront_size)
     per_simd = min(MAX_WAVES_PER_SIMD, SGPRS_PER_SIMD // (-(-meta.sgprs // SGPR_GRANULE) * SGPR_GRANULE))

@@ -30,11 +30,26 @@ def persistent_funcs(mod: tvm.IRModule) -> dict:
 
 def build_code_object(funcs: dict, target) -> bytes:
     """The code object TVM's ROCm build makes of ``funcs`` (one module, one code object)."""
-    with capture() as found:
+    with capture(code_only=True) as found:
         tvm.tirx.build(tvm.IRModule(funcs), target=tvm.target.Target(target, host="llvm"))
     if not found:
         raise RuntimeError("TVM's ROCm build linked no code object")
     return found[-1]
+
+
+def probe_registers(spec, target) -> int:
+    """Registers per thread (the unified VGPR+AGPR total, in granules of 8) of ``spec``'s persistent
+    kernel compiled for ``target`` with barrier code and no occupancy request: what the placement
+    must budget for (``resources.ResourceProbe``; paper 4.1.2 reads nvcc's figure the same way).
+    Raises when the build fails (a kernel that cannot be compiled cannot be placed either)."""
+    from tir_templates.rtask_rewrite import instantiate  # pylint: disable=import-outside-toplevel
+    from ..codegen.persistent import build_persistent_func  # pylint: disable=import-outside-toplevel
+
+    with target:
+        func = build_persistent_func(spec, num_veus=1, table_len=16, with_barriers=True,
+                                     instantiate=instantiate)
+    meta = read_metadata(build_code_object({spec.name: func}, target))[spec.name + KERNEL_SUFFIX]
+    return -(-meta.vgprs // 8) * 8
 
 
 def code_object_reports(mod: tvm.IRModule, target) -> dict:
