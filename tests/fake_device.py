@@ -40,3 +40,25 @@ class FakeDevice:
         self.rprograms += 1
         assert "rammer_program" in fixed  # the table is what makes a placement
         return self.rprogram_us(func)
+
+
+# --- runner-side stand-ins (module level: a spawned runner process imports them by name) --------
+
+def runner_pid(*_args) -> int:
+    """The runner's process id (a fresh one after a restart)."""
+    import os
+
+    return os.getpid()
+
+
+def hang(*_args):
+    """A job that never ends (a kernel whose wait never completes, a hung driver call)."""
+    import time
+
+    while True:
+        time.sleep(1.0)
+
+
+def dead_context(*_args):
+    """A job that fails as a kernel with an illegal address does: the CUDA context is dead."""
+    raise RuntimeError("CUDA: an illegal memory access was encountered")

@@ -63,7 +63,18 @@ class RammerConfig:
     profile_db: the profile database (``tvm_rammer.tuning.profile_db``; ``*.json`` a JSON file,
         anything else sqlite3). None: the per-user cache ``$XDG_CACHE_HOME/tvm-rammer/``.
     rprogram_profiles: at most this many candidate rPrograms (P1, P2 of Algorithm 1) are built and
-        timed whole per compilation (each is a full nvcc build); the final rPrograms always are.
+        timed whole per compilation (each is a full nvcc build); the final rPrograms always are
+        (while ``profile_budget_s`` lasts). 32 before the budget; 8 now that only close choices
+        are timed.
+    profile_budget_s: seconds of measuring (builds and runs) one compilation may spend on the GPU;
+        past it every remaining choice is what it would be without a GPU (the dlight version,
+        analytical times, the rProgram kept), with one warning. None: no limit.
+    profile_margin: measure only what can change a decision: an operator's versions are built and
+        timed only when another version's analytical time is within this factor of its dlight
+        version's (else dlight, analytical, as without a GPU), and a policy choice between two plans
+        (P1 vs Pcurr + P2, fastest vs efficient versions) is timed only when their analytical
+        times are within this factor of each other. None: measure every version and every
+        candidate rProgram (the behaviour before the budget; ``scripts/profile_cost.py``'s "before").
     tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
     versions: give each operator several rKernel versions (dlight variants, templates, tuning
         database) for SelectRKernels; False: the pipeline's dlight schedule only.
@@ -99,7 +110,9 @@ class RammerConfig:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
     profile: bool = True
     profile_db: str | None = None
-    rprogram_profiles: int = 32
+    rprogram_profiles: int = 8
+    profile_budget_s: float | None = 300.0
+    profile_margin: float | None = 1.25
     tuning_db: str | None = None
     versions: bool = True
     timeline: bool = False
@@ -140,6 +153,12 @@ class RammerConfig:
             raise ValueError(f"policy={self.policy!r}: choose one of {POLICIES}")
         if self.rprogram_profiles < 0:
             raise ValueError(f"rprogram_profiles={self.rprogram_profiles} must be >= 0")
+        if self.profile_budget_s is not None and not self.profile_budget_s >= 0:
+            raise ValueError(f"profile_budget_s={self.profile_budget_s} must be >= 0 seconds (or "
+                             "None: no limit)")
+        if self.profile_margin is not None and not self.profile_margin >= 1:
+            raise ValueError(f"profile_margin={self.profile_margin} must be >= 1 (a factor between "
+                             "analytical times; None: measure everything)")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
         if not self.wait_timeout_ms > 0:

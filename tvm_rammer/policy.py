@@ -127,6 +127,9 @@ class PolicyConfig:
             ``ios_group_ops`` operators each (the paper's r; 3).
         ios_budget: most (state, ending) transitions the ``ios`` policy's dynamic programme may
             visit in one window before the window is cut in two (``tvm_rammer.policies.ios``).
+        profile_margin: a choice between two plans asks ``profile`` for their times only when
+            their analytical times are within this factor of each other (a clear choice is made
+            analytically: measuring it could not change it). None: always ask.
     """
 
     cost: CostModelConfig = CostModelConfig()
@@ -138,6 +141,7 @@ class PolicyConfig:
     ios_group_ops: int = 3
     ios_groups: int = 8
     ios_budget: int = 20000
+    profile_margin: float | None = None
 
     def __post_init__(self) -> None:
         if self.selection not in _SELECTIONS:
@@ -152,6 +156,9 @@ class PolicyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyConfig.{name}={value!r}; use an int >= 1")
+        if self.profile_margin is not None and not self.profile_margin >= 1:
+            raise ValueError(f"PolicyConfig.profile_margin={self.profile_margin!r}; use None or a "
+                             "factor >= 1")
         if not isinstance(self.cost, CostModelConfig):
             raise TypeError(f"PolicyConfig.cost must be a CostModelConfig, got {type(self.cost).__name__}")
 
@@ -417,6 +424,27 @@ def plan_time(plan: PartialPlan | None, graph: OpGraph, config: PolicyConfig, pr
     return materialize(plan, graph, config, profile).predicted_us
 
 
+def _close(a: float, b: float, config: PolicyConfig) -> bool:
+    """Whether two analytical times are within ``config.profile_margin`` of each other (always
+    when it is None): only then can measuring them change the choice."""
+    if config.profile_margin is None:
+        return True
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    low, high = sorted((a, b))
+    return high <= config.profile_margin * max(low, 1e-9)
+
+
+def _faster(a: PartialPlan | None, b: PartialPlan | None, graph: OpGraph, config: PolicyConfig,
+            profile: Profile | None) -> bool:
+    """time(a) < time(b): both profiled when their analytical times are close (:func:`_close`),
+    else both analytical (one scale for both sides either way)."""
+    ta, tb = plan_time(a, graph, config), plan_time(b, graph, config)
+    if profile is not None and _close(ta, tb, config):
+        ta, tb = plan_time(a, graph, config, profile), plan_time(b, graph, config, profile)
+    return ta < tb
+
+
 def select_rkernels(wave: Sequence[int], plan: PartialPlan | None, graph: OpGraph, vdevice: VDevice,
                     config: PolicyConfig, profile: Profile | None = None) -> tuple[dict[int, int], dict[int, str]]:
     """SelectRKernels (paper 3.3): the fastest rKernels when all their rTasks together do not fill the
@@ -442,8 +470,7 @@ def _select_and_place(wave, plan, graph, vdevice, config, profile):
     best = (fastest, fast_reason, with_fastest)
     if not (efficient == fastest or (with_fastest is not None and rtasks <= with_fastest.num_veus)):
         with_efficient = _place(plan, wave, efficient, eff_reason, graph, vdevice, config)
-        if plan_time(with_efficient, graph, config, profile) < plan_time(with_fastest, graph, config,
-                                                                        profile):
+        if _faster(with_efficient, with_fastest, graph, config, profile):
             best = (efficient, eff_reason, with_efficient)
     return _prefer_plan_shape(best, wave, plan, graph, vdevice, config, profile, label)
 
@@ -478,8 +505,7 @@ def _prefer_plan_shape(best, wave, plan, graph, vdevice, config, profile, label)
     with_shaped = _place(plan, wave, shaped, reasons, graph, vdevice, config)
     if with_shaped is None:
         return best
-    if best[2] is None or plan_time(with_shaped, graph, config, profile) < plan_time(
-            best[2], graph, config, profile):
+    if best[2] is None or _faster(with_shaped, best[2], graph, config, profile):
         return shaped, reasons, with_shaped
     return best
 
@@ -526,7 +552,6 @@ def schedule_units(units: Sequence[Sequence[int]], graph: OpGraph, vdevice: VDev
     split_before = set(split_before)
     plans: list[RProgramPlan] = []
     current: PartialPlan | None = None
-    current_time = 0.0
 
     def close() -> None:
         nonlocal current
@@ -540,19 +565,31 @@ def schedule_units(units: Sequence[Sequence[int]], graph: OpGraph, vdevice: VDev
         for chunk in _chunks(wave, graph, vdevice, config):
             alone = schedule_wave(chunk, None, graph, vdevice, config, profile)
             assert alone is not None, f"chunk {chunk} fits one vEU shape by construction"
-            alone_time = plan_time(alone, graph, config, profile)
             merged = None
             if current is not None and config.merge != "never":
                 merged = schedule_wave(chunk, current, graph, vdevice, config, profile)
-            if merged is not None:
-                merged_time = plan_time(merged, graph, config, profile)
-                if config.merge == "always" or merged_time <= current_time + alone_time:
-                    current, current_time = merged, merged_time
-                    continue
+            if merged is not None and (config.merge == "always" or _merge_pays(
+                    merged, current, alone, graph, config, profile)):
+                current = merged
+                continue
             close()
-            current, current_time = alone, alone_time
+            current = alone
     close()
     return plans
+
+
+def _merge_pays(merged: PartialPlan, current: PartialPlan, alone: PartialPlan, graph: OpGraph,
+                config: PolicyConfig, profile: Profile | None) -> bool:
+    """Algorithm 1's time(P1) <= time(Pcurr) + time(P2): profiled when the two sides' analytical
+    times are close (:func:`_close`), else analytical."""
+    def sides(prof):
+        return (plan_time(merged, graph, config, prof),
+                plan_time(current, graph, config, prof) + plan_time(alone, graph, config, prof))
+
+    merged_time, apart_time = sides(None)
+    if profile is not None and _close(merged_time, apart_time, config):
+        merged_time, apart_time = sides(profile)
+    return merged_time <= apart_time
 
 
 def bfs_waves(ops: Iterable[int], preds: Mapping[int, Sequence[int]]) -> list[list[int]]:

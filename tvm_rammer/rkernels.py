@@ -52,7 +52,8 @@ def cost_config(config: RammerConfig, vdevice: VDevice) -> CostModelConfig:
 def policy_config(config: RammerConfig, vdevice: VDevice) -> PolicyConfig:
     """The policy options of a RammerConfig."""
     return PolicyConfig(cost=cost_config(config, vdevice), selection=config.selection,
-                        merge=config.merge, max_waits_per_op=config.max_waits_per_op)
+                        merge=config.merge, max_waits_per_op=config.max_waits_per_op,
+                        profile_margin=config.profile_margin)
 
 
 def _tensor_bytes(param) -> int:
@@ -154,6 +155,20 @@ def analytical_us(flops: float, nbytes: float, lowered, config: RammerConfig,
                          l2_bytes)
 
 
+def predicted_kernel_us(flops: float, nbytes: float, lowered, config: RammerConfig,
+                        vdevice: VDevice) -> float | None:
+    """The analytical time of one whole kernel of an operator (``flops``, ``nbytes``: the
+    operator's, from :func:`flops_and_bytes`): its rTasks' rounds on the device times the per-rTask
+    time, to compare the versions of one operator before measuring them; None when one rTask of it
+    does not fit an SM."""
+    try:
+        per_sm = max(1, vdevice.occupancy(lowered.threads, None, lowered.shared_bytes))
+    except ValueError:
+        return None
+    rounds = math.ceil(lowered.num_rtasks / (vdevice.num_sms * per_sm))
+    return analytical_us(flops, nbytes, lowered, config, vdevice) * max(1, rounds)
+
+
 def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfig,
                          vdevice: VDevice) -> ROperator:
     """An rOperator with one rKernel: the dlight schedule, timed by the analytical model."""
@@ -242,6 +257,12 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
         records = [profiler.kernel(v.key) for v in versions]
     base_record = records[base][0]
     if base_record is not None and base_record.get("valid") is False:
+        from .tuning.profiler import is_failure
+
+        if is_failure(base_record):  # this compilation only: failures are never cached
+            raise UnsupportedKernel(f"{name}: its dlight rKernel could not be measured on the "
+                                    f"device ({base_record.get('reason')}); it stays TVM's "
+                                    "default kernel in this compilation")
         raise UnsupportedKernel(f"{name}: its dlight rKernel differs from TVM's default kernel on "
                                 f"the device ({base_record.get('reason', 'wrong output')})")
     dropped = [{"version": v.name, "source": v.source, "reason": rec.get("reason", "wrong output")}

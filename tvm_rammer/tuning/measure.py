@@ -14,15 +14,31 @@ A :class:`MeasureDevice` does two things for the profiler:
 nvcc, in parallel); they are run and timed one at a time in a separate runner process, so timings do
 not disturb each other and a kernel that faults on the GPU costs its own record (marked invalid),
 not the compilation: the runner is restarted. Tests pass their own fake device instead.
+
+Nothing here waits without a deadline, and no failure is left to poison what follows:
+
+- every wait on a build or a run has a timeout (``build_timeout_s``, ``run_timeout_s``); a job past
+  it is a failure ("timed out"), and its worker processes are killed;
+- any failure of a job in the runner (an exception, an illegal address that leaves the CUDA
+  context dead, a crash, a timeout) restarts the runner, so the next job gets a fresh context;
+- a persistent kernel timed by :meth:`~CudaDevice.time_kernel` gets an empty fault page
+  (``tvm_rammer.faults``) and the page is read after its warm-up run: a barrier wait that timed
+  out makes the candidate invalid (no time), instead of ~100 timed waits of ``wait_timeout_ms``;
+- worker processes are started with a clean ``__main__`` (:func:`_clean_main`), so a user's
+  script without an ``if __name__ == "__main__"`` guard is not run again in each worker;
+- versions are checked at a tolerance for their outputs' dtype (:func:`tolerance_for`).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
+import types
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -34,16 +50,28 @@ from tvm import tirx
 from ..gpu import DeviceId, LocalGPU
 from ..numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 
-__all__ = ["KernelJob", "MeasureDevice", "CudaDevice", "param_specs"]
+__all__ = ["KernelJob", "MeasureDevice", "CudaDevice", "param_specs", "tolerance_for"]
 
 LOG = logging.getLogger("tvm_rammer")
 ENTRY = "rammer_measured"
+FAULT_PAGE_PARAM = "rammer_fault_page"  # codegen.persistent's name of the fault page parameter
+# a version may differ from TVM's default kernel by rounding only: float32 at KERNEL_TOLERANCE,
+# half precision at its own (10 mantissa bits for float16, 7 for bfloat16)
+DTYPE_TOLERANCES = {"float16": 1e-2, "bfloat16": 2e-2}
+
+
+def tolerance_for(dtypes, base: float = KERNEL_TOLERANCE) -> float:
+    """The relative error a version's outputs of these dtypes may have against TVM's default
+    kernel: ``base`` (float32 rounding) or, with a half-precision output, that dtype's own."""
+    return max([base, *(DTYPE_TOLERANCES.get(str(d), base) for d in dtypes)])
 
 
 @dataclass(frozen=True)
 class KernelJob:
     """One rKernel version to check and time: ``func`` (scheduled), ``reference`` (TVM's default
-    kernel for the same operator, or None), the operator's ``num_outputs`` (the last parameters)."""
+    kernel for the same operator, or None), the operator's ``num_outputs`` (the last parameters);
+    ``operator``, ``predicted_us`` and ``base`` let the profiler measure only what can change a
+    choice (``profiler.decisive_jobs``)."""
 
     key: str
     label: str
@@ -51,6 +79,9 @@ class KernelJob:
     reference: tirx.PrimFunc | None
     reference_key: str | None
     num_outputs: int
+    operator: str = ""            # the operator's name: the profiler measures operators whole
+    predicted_us: float | None = None  # the analytical time of the whole kernel (decisive_jobs)
+    base: bool = False            # the pipeline's dlight version of the operator
 
 
 class MeasureDevice(Protocol):
@@ -142,7 +173,8 @@ def _run_kernel_worker(job: dict) -> dict:
         dev.sync()
         error = max((relative_error(v.numpy(), r.numpy())
                      for v, r in zip(version_args[first_out:], ref_args[first_out:])), default=0.0)
-        record.update(error=error, valid=bool(error <= job["tolerance"]))
+        tolerance = tolerance_for([d for _, _, d in specs[first_out:]], job["tolerance"])
+        record.update(error=error, valid=bool(error <= tolerance), tolerance=tolerance)
         if job["ref_path"] not in _DEFAULT_US:
             _DEFAULT_US[job["ref_path"]] = _time(ref, dev, ref_args, job["number"], job["repeat"])
         record["default_us"] = _DEFAULT_US[job["ref_path"]]
@@ -152,19 +184,78 @@ def _run_kernel_worker(job: dict) -> dict:
     return record
 
 
+def _empty_fault_page(specs: list, fixed: dict) -> dict:
+    """``fixed`` with an empty fault page for a persistent kernel that takes one."""
+    if any(name == FAULT_PAGE_PARAM for name, _, _ in specs) and FAULT_PAGE_PARAM not in fixed:
+        from ..faults import empty_page
+
+        return {**fixed, FAULT_PAGE_PARAM: empty_page()}
+    return fixed
+
+
+def _check_fault_page(specs: list, args: list) -> None:
+    """Raise when the kernel recorded a fault (a barrier wait that timed out) in its page."""
+    for (name, _, _), arg in zip(specs, args):
+        if name == FAULT_PAGE_PARAM:
+            page = arg.numpy()
+            if int(page[0]) != 0:
+                raise RuntimeError(f"timed out: a barrier wait gave up (fault page {page[:9].tolist()})")
+
+
 def _time_kernel_worker(path: str, specs: list, fixed: dict, number: int, repeat: int) -> float:
     dev = tvm.cuda(0)
     lib = _load(path)
+    fixed = _empty_fault_page(specs, fixed)
     args = [tvm.runtime.tensor(a, dev) for a in _arrays(specs, np.random.default_rng(0), fixed)]
     lib[ENTRY](*args)  # warm-up (and the first cooperative launch)
     dev.sync()
-    return _time(lib, dev, args, number, repeat)
+    _check_fault_page(specs, args)  # a wait that gave up: invalid, never ~100 more timed waits
+    us = _time(lib, dev, args, number, repeat)
+    _check_fault_page(specs, args)
+    return us
 
 
 # --- host side -----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _clean_main():
+    """While worker processes start: a ``__main__`` with no file and no spec, so ``spawn`` does not
+    import the user's script in each worker (which, without a ``__main__`` guard, would compile
+    again and break the pool). Our workers' functions live in importable modules."""
+    main = sys.modules.get("__main__")
+    if main is None or (getattr(main, "__file__", None) is None
+                        and getattr(main, "__spec__", None) is None):
+        yield
+        return
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 def _spawn_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """A spawn pool; submit to it inside :func:`_clean_main` (workers start on submit)."""
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _submit(pool: cf.ProcessPoolExecutor, fn, *args) -> cf.Future:
+    with _clean_main():
+        return pool.submit(fn, *args)
+
+
+def _kill(pool: cf.ProcessPoolExecutor | None) -> None:
+    """Stop ``pool`` without waiting for its jobs: its processes are killed (a hung kernel or a
+    dead CUDA context never ends on its own)."""
+    if pool is None:
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        if proc.is_alive():
+            proc.kill()
+    for proc in processes:
+        proc.join(timeout=5)
 
 
 def _first_line(err: BaseException) -> str:
@@ -181,10 +272,16 @@ class CudaDevice:
     target: the CUDA target kernels are built for (its arch must be the GPU's).
     build_workers: processes building kernels in parallel (default: CPU count, at most 16).
     number, repeat: ``time_evaluator``'s calls per measurement and measurements (the median is kept).
+    tolerance: the float32 tolerance of a version's outputs (:func:`tolerance_for` widens it for
+        half precision).
+    build_timeout_s, run_timeout_s: the longest wait for one build, one run job (a version and its
+        reference checked and timed, or a persistent kernel's warm-up and timing); past it the job
+        is a failure and its worker is killed.
     """
 
     def __init__(self, gpu: LocalGPU, target: tvm.target.Target, build_workers: int | None = None,
-                 number: int = 20, repeat: int = 5, tolerance: float = KERNEL_TOLERANCE):
+                 number: int = 20, repeat: int = 5, tolerance: float = KERNEL_TOLERANCE,
+                 build_timeout_s: float = 600.0, run_timeout_s: float = 120.0):
         self.id = gpu.id
         spec = dict(target.export())
         spec.pop("tag", None)
@@ -192,6 +289,7 @@ class CudaDevice:
         self._target_spec = spec
         self._workers = max(1, min(build_workers or os.cpu_count() or 1, 16))
         self.number, self.repeat, self.tolerance = number, repeat, tolerance
+        self.build_timeout_s, self.run_timeout_s = build_timeout_s, run_timeout_s
         self._dir = tempfile.mkdtemp(prefix="tvm_rammer_measure_")
         self._builder: cf.ProcessPoolExecutor | None = None
         self._runner: cf.ProcessPoolExecutor | None = None
@@ -204,20 +302,43 @@ class CudaDevice:
         return self._builder
 
     def _run(self, fn, *args):
-        """``fn(*args)`` in the runner process; a crash restarts the runner and re-raises."""
+        """``fn(*args)`` in the runner process, within ``run_timeout_s``. Any failure (an exception,
+        a crash, a dead CUDA context, a timeout) restarts the runner and raises RuntimeError."""
         if self._runner is None:
             self._runner = _spawn_pool(1)
         try:
-            return self._runner.submit(fn, *args).result()
+            return _submit(self._runner, fn, *args).result(timeout=self.run_timeout_s)
+        except cf.TimeoutError:
+            self._restart_runner()
+            raise RuntimeError(f"timed out: no result within {self.run_timeout_s:g} s (runner "
+                               "killed and restarted)") from None
         except BrokenProcessPool:
-            self._runner.shutdown(cancel_futures=True)
-            self._runner = None
-            raise RuntimeError("the kernel crashed the GPU runner process (restarted)") from None
+            self._restart_runner()
+            raise RuntimeError("run failed: the kernel crashed the GPU runner process "
+                               "(restarted)") from None
+        except Exception:
+            self._restart_runner()  # the CUDA context may be dead (an illegal address): a fresh one
+            raise
+
+    def _restart_runner(self) -> None:
+        _kill(self._runner)
+        self._runner = None
+
+    def _build_result(self, future) -> dict:
+        """A build's result within ``build_timeout_s``; past it the build pool is killed (the next
+        build starts a new one) and RuntimeError raised."""
+        try:
+            return future.result(timeout=self.build_timeout_s)
+        except cf.TimeoutError:
+            _kill(self._builder)
+            self._builder = None
+            raise RuntimeError(f"timed out: the build took more than {self.build_timeout_s:g} s "
+                               "(build processes killed)") from None
 
     def close(self) -> None:
+        """Stop the worker processes without waiting for a running (possibly hung) job."""
         for pool in (self._builder, self._runner):
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
+            _kill(pool)
         self._builder = self._runner = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -225,32 +346,49 @@ class CudaDevice:
         self._count += 1
         path = os.path.join(self._dir, f"k{self._count}.so")
         mod = tvm.IRModule({ENTRY: func.with_attr("global_symbol", ENTRY)})
-        return self._build_pool().submit(_build_worker, tvm.ir.save_json(mod), self._target_spec,
-                                         path, resources)
+        return _submit(self._build_pool(), _build_worker, tvm.ir.save_json(mod), self._target_spec,
+                       path, resources)
 
     # MeasureDevice
     def measure_kernels(self, jobs: Sequence[KernelJob], progress: Callable[[int], None]) -> list:
-        refs = {}
+        refs, builds = {}, []
         for job in jobs:
             if job.reference is not None and job.reference_key not in refs:
-                refs[job.reference_key] = self._submit_build(job.reference, False)
-        builds = [self._submit_build(job.func, True) for job in jobs]
+                refs[job.reference_key] = self._guarded_submit(job.reference, False)
+        builds = [self._guarded_submit(job.func, True) for job in jobs]
         records = []
         for job, build in zip(jobs, builds):
-            records.append(self._measure_one(job, build, refs.get(job.reference_key)))
+            try:
+                record = self._measure_one(job, build, refs.get(job.reference_key))
+            except Exception as err:  # pylint: disable=broad-except  (one job's failure is its own)
+                LOG.warning("tvm-rammer: measuring %s failed: %s", job.label, _first_line(err))
+                record = {"valid": False, "error": None, "reason": f"measure failed: {_first_line(err)}"}
+            records.append(record)
             progress(1)
         return records
 
+    def _guarded_submit(self, func: tirx.PrimFunc, resources: bool):
+        """A build future, or a future holding the exception when the job cannot even be
+        submitted (serialisation, a broken pool)."""
+        try:
+            return self._submit_build(func, resources)
+        except Exception as err:  # pylint: disable=broad-except
+            failed: cf.Future = cf.Future()
+            failed.set_exception(err)
+            if isinstance(err, BrokenProcessPool):
+                self._builder = None
+            return failed
+
     def _measure_one(self, job: KernelJob, build, ref_build) -> dict | None:
         try:
-            info = build.result()
+            info = self._build_result(build)
         except Exception as err:  # pylint: disable=broad-except  (a version that does not build)
             LOG.info("tvm-rammer: %s does not build for the device: %s", job.label, _first_line(err))
             return {"valid": False, "error": None, "reason": f"build failed: {_first_line(err)}"}
         ref_path = None
         if ref_build is not None:
             try:
-                ref_path = ref_build.result()["path"]
+                ref_path = self._build_result(ref_build)["path"]
             except Exception as err:  # pylint: disable=broad-except
                 LOG.info("tvm-rammer: TVM's default kernel for %s does not build: %s", job.label,
                          _first_line(err))
@@ -261,17 +399,20 @@ class CudaDevice:
             record = self._run(_run_kernel_worker, payload)
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("tvm-rammer: %s failed on the device: %s", job.label, _first_line(err))
-            return {"valid": False, "error": None, "reason": f"run failed: {_first_line(err)}"}
+            reason = _first_line(err)
+            timed_out = reason.startswith("RuntimeError: timed out")
+            return {"valid": False, "error": None,
+                    "reason": f"timed out: {reason}" if timed_out else f"run failed: {reason}"}
         record.update(registers=info.get("registers"), shared_bytes=info.get("shared_bytes"),
                       spills=info.get("spills"))
         if record.get("valid") is False:
             record["reason"] = (f"output differs from TVM's default kernel: relative error "
-                                f"{record['error']:.2e} > {self.tolerance:.0e}")
+                                f"{record['error']:.2e} > {record.get('tolerance', self.tolerance):.0e}")
         return record
 
     def time_kernel(self, func: tirx.PrimFunc, fixed: dict) -> float | None:
         try:
-            path = self._submit_build(func, False).result()["path"]
+            path = self._build_result(self._submit_build(func, False))["path"]
             return self._run(_time_kernel_worker, path, param_specs(func), fixed, self.number,
                              self.repeat)
         except Exception as err:  # pylint: disable=broad-except

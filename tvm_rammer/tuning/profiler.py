@@ -16,6 +16,20 @@ time. :class:`Profiler` puts them behind the profile databases (``profile_db``):
   a plan timed whole, cached under :func:`plan_key`; at most ``rprogram_budget`` candidate plans are
   built and timed per compilation (each is a full nvcc build), the final ones always.
 
+What is measured, and for how long (``RammerConfig.profile_margin``, ``profile_budget_s``): with a
+``margin`` only what can change a decision is measured (:func:`decisive_jobs`: an operator's
+versions only when one of them is predicted within ``margin`` of its dlight version; the policy
+asks for plan times only when two plans' analytical times are that close, ``policy._close``); with
+a ``budget_s`` the measuring stops once that many seconds have passed, with one warning, and every
+remaining choice is made as without a device (dlight, analytical times, the rProgram kept). Kernels
+are measured in batches of whole operators, each batch written to the database (and flushed) as it
+completes, so a killed compile loses at most one batch.
+
+Failures are not facts: a record of a version that did not build, failed to run or timed out on
+the device (:func:`is_failure`) is kept for this compilation only (the operator stays TVM's default
+kernel now) and never written to a database, so the next compilation measures it again. A
+database that cannot be written (locked, read-only, full) costs one warning, not the compile.
+
 Where records come from is counted in ``Profiler.counts``: "profiled" (measured now), "database"
 (the writable database), "shipped" (a read-only database, e.g. one shipped with tvm-rammer).
 Without a device and without a record nothing is measured: the caller decides what that means
@@ -32,13 +46,59 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ..gpu import DeviceId
 from ..vdevice import VDevice
 from .measure import KernelJob, MeasureDevice
 
-__all__ = ["Timing", "Profiler", "rtask_time", "plan_key", "Progress"]
+__all__ = ["Timing", "Profiler", "rtask_time", "plan_key", "Progress", "decisive_jobs",
+           "is_failure", "FAILURES"]
 
 LOG = logging.getLogger("tvm_rammer")
+
+# reasons of records that say the measurement failed, not what the kernel does (never cached)
+FAILURES = ("build failed", "run failed", "timed out", "measure failed")
+BATCH_JOBS = 32  # kernel jobs per measured batch (whole operators; one database write each)
+MAX_VERSIONS = 2  # versions other than dlight measured per operator (the best predicted)
+MIN_SHARE = 0.01  # an operator under this share of the predicted time is not worth measuring
+
+
+def is_failure(record) -> bool:
+    """Whether a kernel record says its measurement failed (build, run, timeout) rather than
+    what the kernel computes: such records are never cached."""
+    return bool(record) and str(record.get("reason", "")).startswith(FAILURES)
+
+
+def decisive_jobs(jobs: Sequence[KernelJob], margin: float | None,
+                  max_versions: int = MAX_VERSIONS, min_share: float = MIN_SHARE) -> list:
+    """The jobs whose measurement can change a choice, per operator (``KernelJob.operator``): its
+    base (dlight) version and the ``max_versions`` other versions predicted fastest, among those
+    predicted within ``margin`` of the base or faster; nothing of an operator whose other
+    versions are all predicted slower (it keeps dlight, as without a device), nor of one whose
+    predicted time is under ``min_share`` of all operators' (a choice there cannot matter). An
+    operator without predictions is measured whole; ``margin`` None keeps every job."""
+    if margin is None:
+        return list(jobs)
+    groups: dict = {}
+    for job in jobs:
+        groups.setdefault(job.operator or job.label.split(":", 1)[0], []).append(job)
+    bases = {op: next((j for j in group if j.base), None) for op, group in groups.items()}
+    total = sum(b.predicted_us for b in bases.values() if b is not None and b.predicted_us)
+    keep = []
+    for op, group in groups.items():
+        base = bases[op]
+        if base is None or base.predicted_us is None \
+                or any(j.predicted_us is None for j in group if not j.base):
+            keep.extend(group)
+            continue
+        if base.predicted_us < min_share * total:
+            continue
+        close = sorted((j for j in group if not j.base and j.predicted_us <= margin * base.predicted_us),
+                       key=lambda j: j.predicted_us)[:max_versions]
+        if close:
+            keep.extend([base] + close)
+    return keep
 
 
 @dataclass(frozen=True)
@@ -60,10 +120,14 @@ def rtask_time(kernel_us: float, num_rtasks: int, threads: int, registers, share
     return kernel_us / max(1, rounds)
 
 
-def plan_key(plan, graph) -> str:
-    """A stable key of an rProgram plan: its table and the names (with hashes) of its rKernels."""
+def plan_key(plan, graph, table=None) -> str:
+    """A stable key of an rProgram plan: its program, the names (with hashes) of its rKernels and,
+    when given, the encoded table the persistent kernel runs (an int32 array)."""
     kernels = {str(op): graph.ops[op].kernels[i].name for op, i in plan.selected.items()}
-    blob = json.dumps({"program": plan.program.to_dict(), "kernels": kernels}, sort_keys=True)
+    doc = {"program": plan.program.to_dict(), "kernels": kernels}
+    if table is not None:
+        doc["table"] = hashlib.sha1(np.ascontiguousarray(table, dtype=np.int32).tobytes()).hexdigest()
+    blob = json.dumps(doc, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -112,14 +176,22 @@ class Profiler:
         the versions of an operator are always compared on one scale.
     rprogram_budget: candidate rPrograms built and timed whole per compilation at most.
     progress: show a progress bar for long measurement batches.
+    margin: measure only the jobs :func:`decisive_jobs` keeps (None: every job).
+    budget_s: stop measuring after this many seconds from the profiler's creation (None: never).
     """
 
     def __init__(self, db, device: MeasureDevice | None = None, arch: str = "sm_90a",
-                 readonly: Sequence = (), rprogram_budget: int = 32, progress: bool = True):
+                 readonly: Sequence = (), rprogram_budget: int = 32, progress: bool = True,
+                 margin: float | None = None, budget_s: float | None = None):
         self.db, self.device = db, device
         self.counts: Counter = Counter()
         self.rprogram_budget = rprogram_budget
         self.progress = progress
+        self.margin, self.budget_s = margin, budget_s
+        self._start = time.monotonic()
+        self._warned: set = set()
+        self._failed: dict = {}  # (kind, key) -> failure record, for this compilation only
+        self._asked: set = set()  # rProgram keys answered within rprogram_budget
         self._measured: set = set()
         self.sources = []  # (database, device its records are read for, label): one source
         if device is not None:
@@ -140,18 +212,63 @@ class Profiler:
         return self.device is not None
 
     def _lookup(self, kind: str, key: str):
+        if (kind, key) in self._failed:
+            return self._failed[(kind, key)], "profiled"
         for db, device, label in self.sources:
-            record = db.get(kind, key, device)
+            try:
+                record = db.get(kind, key, device)
+            except Exception as err:  # pylint: disable=broad-except  (an unreadable database)
+                self._warn_once(f"read {db!r}", f"tvm-rammer: profile database {getattr(db, 'path', None)} "
+                                f"unreadable ({_short(err)}): its records are not used")
+                record = None
             if record is not None:
                 return record, ("profiled" if (kind, key) in self._measured else label)
         return None, None
 
+    # --- the budget and the one-warning rule ---------------------------------------------------
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            LOG.warning(message)
+
+    def over_budget(self) -> bool:
+        """Whether the measuring budget (``budget_s``) is spent; warns once when it first is."""
+        if self.budget_s is None or time.monotonic() - self._start < self.budget_s:
+            return False
+        self._warn_once("budget", f"tvm-rammer: profiling budget of {self.budget_s:g} s spent: "
+                        "the remaining operators keep their dlight version and the remaining "
+                        "rPrograms analytical times (as without a GPU); raise it with "
+                        "--profile-budget / RammerConfig(profile_budget_s=...)")
+        return True
+
+    def _put(self, items) -> None:
+        """Write measured records (failures excluded) and flush; a database that refuses (locked,
+        read-only, full) costs one warning: the records stay in memory for this compilation."""
+        keep = [item for item in items if not is_failure(item[3])]
+        for kind, key, _, record in items:
+            if is_failure(record):
+                self._failed[(kind, key)] = record
+        if not keep:
+            return
+        try:
+            self.db.put_many(keep)
+            self.db.flush()
+        except Exception as err:  # pylint: disable=broad-except  (the compile must go on)
+            self._warn_once("write", f"tvm-rammer: profile database {getattr(self.db, 'path', None)} "
+                            f"not writable ({_short(err)}): this compilation's measurements are "
+                            "kept in memory only")
+            for kind, key, _, record in keep:
+                self._failed.setdefault((kind, key), record)
+
+    # --- rKernels ---------------------------------------------------------------------------
     def prepare(self, jobs: Sequence[KernelJob]) -> None:
-        """Check and time, in one batch, every job whose key (or reference key) has no record."""
+        """Check and time every job whose key has no record and that can change a choice
+        (:func:`decisive_jobs`), in batches of whole operators while the budget lasts; each
+        batch's records are written (and flushed) when it completes."""
         if self.device is None:
             return
         todo, seen = [], set()
-        for job in jobs:
+        for job in decisive_jobs(jobs, self.margin):  # on every job: the same choice each compile
             if job.key in seen or self._lookup("kernel", job.key)[0] is not None:
                 continue
             seen.add(job.key)
@@ -160,11 +277,23 @@ class Profiler:
             return
         progress = Progress(len(todo), "tvm-rammer: profiling rKernels", self.progress)
         try:
-            records = self.device.measure_kernels(todo, progress)
+            for batch in _batches(todo, BATCH_JOBS):
+                if self.over_budget():
+                    break
+                self._measure_batch(batch, progress)
         finally:
             progress.close()
-        items, keys = [], {job.key for job in todo}
-        for job, record in zip(todo, records):
+
+    def _measure_batch(self, batch: list, progress) -> None:
+        try:
+            records = self.device.measure_kernels(batch, progress)
+        except Exception as err:  # pylint: disable=broad-except  (kept as failures, this compile)
+            LOG.warning("tvm-rammer: measuring %s failed (%s): they keep TVM's default choice",
+                        ", ".join(sorted({j.operator or j.label for j in batch})), _short(err))
+            records = [{"valid": False, "error": None, "reason": f"measure failed: {_short(err)}"}
+                       for _ in batch]
+        items, keys = [], {job.key for job in batch}
+        for job, record in zip(batch, records):
             if record is None:
                 continue
             items.append(("kernel", job.key, self.device.id, record))
@@ -176,7 +305,7 @@ class Profiler:
                        "reference": True}
                 items.append(("kernel", job.reference_key, self.device.id, ref))
                 self._measured.add(("kernel", job.reference_key))
-        self.db.put_many(items)
+        self._put(items)
 
     def kernel(self, key: str) -> tuple:
         """(record, source) of an rKernel version, or (None, None) when unknown."""
@@ -198,22 +327,42 @@ class Profiler:
 
     def rprogram_time(self, key: str, measure: Callable[[], float | None] | None,
                       force: bool = False) -> tuple:
-        """(time_us, source) of an rProgram: recorded, or measured with ``measure()`` while the
-        budget lasts (always when ``force``); (None, None) otherwise."""
+        """(time_us, source) of an rProgram: recorded, or measured with ``measure()``, for the
+        first ``rprogram_budget`` distinct keys asked (always when ``force``, while
+        ``budget_s`` lasts); (None, None) otherwise."""
         record, source = self._lookup("rprogram", key)
-        if record is not None:
-            return float(record["time_us"]), source
-        if self.device is None or measure is None or (not force and self.rprogram_budget <= 0):
-            return None, None
-        if not force:
+        if not force and key not in self._asked:
+            # every new request counts, measured or read: a second compile asks the same
+            # questions in the same order, gets the same answers, and measures nothing
+            if self.rprogram_budget <= 0:
+                return None, None
+            self._asked.add(key)
             self.rprogram_budget -= 1
-        measured = measure()
-        if measured is None:
+        if record is not None:
+            return (None, None) if is_failure(record) else (float(record["time_us"]), source)
+        if self.device is None or measure is None or (not force and key not in self._asked):
             return None, None
-        self.db.put("rprogram", key, self.device.id, {"time_us": float(measured)})
+        if self.over_budget():
+            return None, None
+        try:
+            measured = measure()
+        except Exception as err:  # pylint: disable=broad-except  (analytical for this plan)
+            LOG.warning("tvm-rammer: timing an rProgram failed (%s): its analytical time is used",
+                        _short(err))
+            measured = None
+        if measured is None:
+            self._failed[("rprogram", key)] = {"reason": "run failed"}
+            return None, None
+        self._put([("rprogram", key, self.device.id, {"time_us": float(measured)})])
         self._measured.add(("rprogram", key))
         self.counts["rprograms profiled"] += 1
         return float(measured), "profiled"
+
+    def record_rprogram(self, key: str, time_us: float) -> None:
+        """Record a measured rProgram time under ``key`` (a second key of the same kernel)."""
+        if self.device is not None and self._lookup("rprogram", key)[0] is None:
+            self._put([("rprogram", key, self.device.id, {"time_us": float(time_us)})])
+            self._measured.add(("rprogram", key))
 
     def plan_profile(self, graph, build_and_time: Callable | None) -> Callable:
         """The ``profile`` argument of ``policy.schedule``: a plan's measured time (us), or None
@@ -226,16 +375,45 @@ class Profiler:
         return profile
 
     def flush(self) -> None:
-        self.db.flush()
+        """Write pending records; a database that refuses costs one warning."""
+        try:
+            self.db.flush()
+        except Exception as err:  # pylint: disable=broad-except
+            self._warn_once("write", f"tvm-rammer: profile database {getattr(self.db, 'path', None)} "
+                            f"not writable ({_short(err)}): this compilation's measurements are "
+                            "kept in memory only")
 
     def close(self) -> None:
         """Flush the database and release the device's worker processes (when it has any)."""
         self.flush()
         close = getattr(self.device, "close", None)
         if close is not None:
-            close()
+            try:
+                close()
+            except Exception as err:  # pylint: disable=broad-except
+                LOG.warning("tvm-rammer: closing the measuring device failed: %s", _short(err))
 
     def summary(self) -> dict:
         """Counts of times by source, plus the device they are keyed by."""
         return {"device": self.device_id.key if self.device_id else None,
                 **{k: self.counts.get(k, 0) for k in ("profiled", "database", "shipped")}}
+
+
+def _short(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
+def _batches(jobs: list, size: int) -> list:
+    """``jobs`` cut into batches of about ``size``, never splitting an operator's jobs."""
+    batches, current, last = [], [], None
+    for job in jobs:
+        op = job.operator or job.label.split(":", 1)[0]
+        if current and len(current) >= size and op != last:
+            batches.append(current)
+            current = []
+        current.append(job)
+        last = op
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,148 @@
+"""What compile-time profiling costs: builds and seconds per zoo model, before and after the budget.
+
+    python3 scripts/profile_cost.py                       # every zoo model, reduced sizes
+    python3 scripts/profile_cost.py squeezenet lstm_tc --out cost.json
+    python3 scripts/profile_cost.py --workers 16 alexnet  # build processes (a GPU host has 16 cores)
+
+No GPU is needed: every kernel and persistent kernel the profiler asks for is really built (TVM's
+CUDA codegen and nvcc, in ``CudaDevice``'s build processes), and its run is replaced by a fake
+timing (``SimulatedDevice``: a deterministic time per built kernel, every version valid), so the
+seconds are the builds' and the pipeline's, as on a GPU host minus the runs themselves (each run is
+~20-100 short launches: milliseconds). Each model (its reduced size, ``models.REDUCED``) is lowered
+in a fresh process, four ways:
+
+- ``none``: ``RammerConfig(profile=False)``, nothing measured (the baseline);
+- ``before``: every version of every operator and up to 32 candidate rPrograms measured
+  (``profile_margin=None, profile_budget_s=None, rprogram_profiles=32``: the defaults before);
+- ``after``: the defaults (only what can change a decision, within the budget), a fresh database;
+- ``again``: the defaults on the database ``after`` filled (a second compile: everything cached).
+
+One JSON line per model, then a Markdown table (kernel builds + rProgram builds, seconds, and the
+ratio to ``none``). The ``rammer`` pipeline only (``frontend.lower``), not ``tvm.compile``'s final
+build, which is the same in all four.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq2seq",
+          "inception_v3", "squeezenet", "googlenet", "randwire")
+
+_CHILD = r"""
+import hashlib, json, logging, sys, time
+logging.getLogger("tvm_rammer").setLevel(logging.ERROR)
+from tvm_rammer.backend import make_profiler
+from tvm_rammer.config import RammerConfig
+from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.models import REDUCED, get_model
+from tvm_rammer.target import resolve_target
+from tvm_rammer.tuning import measure
+
+
+def _fake_us(path, low, high):
+    digest = hashlib.sha1(open(path, "rb").read()).digest()
+    return low + (high - low) * digest[0] / 255.0
+
+
+class SimulatedDevice(measure.CudaDevice):
+    # real builds (CudaDevice's), fake runs: a deterministic time per built kernel
+    def __init__(self, target, workers):
+        super().__init__(LocalGPU(None, DeviceId("Simulated H100", "sm_90a", "0")), target,
+                         build_workers=workers)
+        self.rprogram_builds = 0
+
+    def _run(self, fn, *args):
+        if fn is measure._run_kernel_worker:
+            job = args[0]
+            return {"kernel_us": _fake_us(job["path"], 5.0, 20.0), "valid": True, "error": 0.0,
+                    "default_us": _fake_us(job["ref_path"], 8.0, 20.0) if job["ref_path"] else None}
+        self.rprogram_builds += 1
+        return _fake_us(args[0], 5.0, 60.0)
+
+
+name, target_name, mode, workers, db_path = sys.argv[1:6]
+target = resolve_target(target_name)
+mod = import_onnx(get_model(name, **REDUCED.get(name, {})))
+configs = {"none": RammerConfig(profile=False),
+           "before": RammerConfig(profile_db=db_path, profile_margin=None, profile_budget_s=None,
+                                 rprogram_profiles=32),
+           "after": RammerConfig(profile_db=db_path), "again": RammerConfig(profile_db=db_path)}
+config = configs[mode]
+device = None if mode == "none" else SimulatedDevice(target, int(workers))
+profiler = make_profiler(target, config, device)
+start = time.perf_counter()
+try:
+    lower(mod, target, config, profiler)
+finally:
+    profiler.close()
+seconds = time.perf_counter() - start
+print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
+                  "kernel_builds": device._count - device.rprogram_builds if device else 0,
+                  "rprogram_builds": device.rprogram_builds if device else 0,
+                  "profiled": profiler.counts.get("profiled", 0)}))
+"""
+
+MODES = ("none", "before", "after", "again")
+
+
+def run_model(name: str, target: str, workers: int, tmp: str) -> dict:
+    """The four compiles of one model (fresh processes); their rows by mode."""
+    rows = {}
+    for mode in MODES:
+        db = os.path.join(tmp, f"{name}-{'before' if mode == 'before' else 'after'}.json")
+        if mode in ("before", "after") and os.path.exists(db):
+            os.remove(db)
+        out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db],
+                             capture_output=True, text=True, check=False)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode != 0 or not lines:
+            rows[mode] = {"model": name, "mode": mode, "error": out.stderr.strip()[-400:]}
+        else:
+            rows[mode] = json.loads(lines[-1])
+        print(json.dumps(rows[mode]), flush=True)
+    return rows
+
+
+def table(results: dict) -> str:
+    """Markdown: per model, builds (kernels + rPrograms) and seconds of each mode, ratio to none."""
+    lines = ["| model | no profiling s | before: builds, s (x) | after: builds, s (x) | "
+             "second compile: builds, s (x) |", "|---|---|---|---|---|"]
+    for name, rows in results.items():
+        base = rows["none"].get("seconds")
+        cells = [name, f"{base}" if base is not None else "error"]
+        for mode in ("before", "after", "again"):
+            r = rows[mode]
+            if "error" in r or base is None:
+                cells.append("error")
+                continue
+            builds = f"{r['kernel_builds']} + {r['rprogram_builds']}"
+            cells.append(f"{builds}, {r['seconds']} ({r['seconds'] / max(base, 1e-9):.2f}x)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("--target", default="rammer/nvidia-h100")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="build processes (default: this machine's CPU count)")
+    parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--tmp", default="/tmp/tvm_rammer_profile_cost")
+    args = parser.parse_args(argv)
+    os.makedirs(args.tmp, exist_ok=True)
+    results = {name: run_model(name, args.target, args.workers, args.tmp) for name in args.models}
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
