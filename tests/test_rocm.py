@@ -318,3 +318,14 @@ def test_missing_toolchain_names_the_install_command(tmp_path):
     assert isinstance(found, str) and toolchain.INSTALL_COMMAND in found and "ld.lld-22" in found
     assert all(p in toolchain.INSTALL_COMMAND for p in toolchain.PACKAGES)
     assert isinstance(toolchain.locate(), toolchain.Toolchain)
+
+
+def test_instrumented_build_reads_the_realtime_counter_and_hardware_id():
+    """RammerConfig(timeline=True): rammer_record / rammer_globaltimer on AMDGPU."""
+    _, hsaco = _build(to_relax(parallel_branches(4, hidden=64)),
+                      config=RammerConfig(timeline=True))
+    _, code, names = _persistent(hsaco)
+    for name in names:
+        assert any(i.startswith("s_memrealtime") for i in code[name])
+        assert any(i.startswith("s_getreg_b32") for i in code[name])
+        assert codeobject.check_ordering(code[name], "gfx942")["problems"] == []
