@@ -424,3 +424,21 @@ def test_a_back_end_failure_while_measuring_falls_back_to_tvms_default(monkeypat
     assert len([r for r in caplog.records if "rammer back end failed" in r.getMessage()]) == 1
     with pytest.raises(MemoryError):  # without a device the failure is a bug to see
         lower(mod, "rammer/nvidia-h100", RammerConfig(profile=False))
+
+
+# --- the budget from the command line -----------------------------------------------------------
+
+def test_profile_budget_flag_sets_the_config_and_rejects_nonsense(capsys):
+    from tvm_rammer.cli import _config, build_parser
+
+    parse = build_parser().parse_args
+    assert _config(parse(["compile", "m.onnx", "-o", "m.so", "--profile-budget", "12.5"])).profile_budget_s == 12.5
+    assert _config(parse(["compile", "m.onnx", "-o", "m.so", "--profile-budget", "none"])).profile_budget_s is None
+    assert _config(parse(["compile", "m.onnx", "-o", "m.so"])).profile_budget_s == RammerConfig().profile_budget_s
+    with pytest.raises(SystemExit):
+        parse(["compile", "m.onnx", "-o", "m.so", "--profile-budget", "-3"])
+    assert "seconds of measuring allowed" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="profile_budget_s=-1"):
+        RammerConfig(profile_budget_s=-1)
+    with pytest.raises(ValueError, match="profile_margin=0.5"):
+        RammerConfig(profile_margin=0.5)

@@ -20,6 +20,7 @@ def _config(args) -> RammerConfig:
     return RammerConfig(max_rtask_threads=args.max_rtask_threads, veus_per_sm=args.veus_per_sm,
                         num_sms=args.num_sms, selection=args.selection, merge=args.merge,
                         profile=not args.no_profile, profile_db=args.profile_db,
+                        profile_budget_s=args.profile_budget,
                         tuning_db=args.tuning_db, versions=not args.no_versions,
                         precision=args.precision,
                         tail_fusion=not args.no_tail_fusion,
@@ -28,6 +29,20 @@ def _config(args) -> RammerConfig:
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
                         gemv_epilogue=not args.no_gemv_epilogue,
                         policy=getattr(args, "policy", "rammer"))
+
+
+def _budget_seconds(text: str) -> float | None:
+    """``--profile-budget``: seconds >= 0, or "none" (no limit)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the seconds of measuring allowed "
+                                         "(a number >= 0) or 'none'")
+    return value
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -68,6 +83,10 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--no-profile", action="store_true",
                    help="measure nothing and read no cache: every operator keeps TVM's dlight "
                         "schedule, timed by the analytical model")
+    p.add_argument("--profile-budget", type=_budget_seconds, default=300.0, metavar="SECONDS",
+                   help="most seconds one compile spends measuring on the GPU; past it the "
+                        "remaining choices are made as without a GPU (dlight, analytical), with "
+                        "one warning; 'none' for no limit (default: %(default)s)")
     p.add_argument("--tuning-db", default=None, metavar="DIR",
                    help="MetaSchedule database directory: its schedules become rKernel versions")
     p.add_argument("--precision", default="float32", choices=["float32", "float16"],
