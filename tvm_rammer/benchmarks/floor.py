@@ -221,7 +221,13 @@ def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 105
     """A kernel that reads a ``mib`` MiB float32 buffer ``passes`` times (coalesced: thread ``t``
     of the grid reads elements ``t, t + T, ...``) and writes one sum per thread: after the first
     pass the buffer comes from L2, so its time is L2 read bandwidth (``l2_read_rate``). The
-    cost model's ``CostModelConfig.l2_bw_gbps`` is the figure this measures."""
+    cost model's ``CostModelConfig.l2_bw_gbps`` is the figure this measures.
+
+    Pass ``p`` reads a thread's elements starting at its ``p``-th (``(k + p) mod per_thread``):
+    the same bytes every pass, but addresses that depend on the pass, so nvcc cannot hoist the
+    loads out of the pass loop (with ``k`` alone it read the buffer once and counted 32 passes:
+    ~32x the real bandwidth). Reads ``per_thread * blocks * threads`` elements per pass
+    (:func:`l2_bytes_per_pass`)."""
     from tvm.script import tirx as T
 
     n = mib * (1 << 20) // 4
@@ -239,12 +245,20 @@ def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 105
                         vb, vt, vp, vk = T.axis.remap("SSRR", [b, t, p, k])
                         with T.init():
                             acc[vb * threads + vt] = T.float32(0)
-                        acc[vb * threads + vt] = acc[vb * threads + vt] + x[vk * total + vb * threads + vt]
+                        acc[vb * threads + vt] = acc[vb * threads + vt] + x[
+                            T.floormod(vk + vp, per_thread) * total + vb * threads + vt]
                 with T.sblock("write"):
                     vb, vt = T.axis.remap("SS", [b, t])
                     out[vb * threads + vt] = acc[vb * threads + vt]
 
     return read_l2
+
+
+def l2_bytes_per_pass(mib: int = L2_MIB, blocks: int = 1056, threads: int = 256) -> int:
+    """Bytes one pass of :func:`l2_read_kernel` reads (whole elements per thread: the buffer's
+    tail past ``per_thread * blocks * threads`` is not read)."""
+    total = blocks * threads
+    return (mib * (1 << 20) // 4 // total) * total * 4
 
 
 def l2_read_rate(dev) -> float:
@@ -259,7 +273,7 @@ def l2_read_rate(dev) -> float:
         out = tvm.runtime.empty((out_shape,), "float32", dev)
         lib["read_l2"](x, out)
         median = lib.time_evaluator("read_l2", dev, number=5, repeat=5)(x, out).median
-        return L2_PASSES * x_shape * 4 / median
+        return L2_PASSES * l2_bytes_per_pass() / median
     except Exception:  # a peak we cannot measure is left out
         return 0.0
 
