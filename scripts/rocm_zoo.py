@@ -24,6 +24,7 @@ import time
 import onnx
 
 from tvm_rammer.models import REDUCED, get_model
+from tvm_rammer.rocm.report import problems_of
 
 DEMO = ("branches16", "branches", {"n": 16})
 
@@ -32,27 +33,6 @@ def models(names=None) -> list:
     """(label, zoo name, kwargs): every reduced model and the 16-branch demo."""
     out = [(name, name, REDUCED[name]) for name in sorted(REDUCED)] + [DEMO]
     return [m for m in out if not names or m[0] in names]
-
-
-def problems_of(program: dict) -> list:
-    """What is wrong with one rProgram's code-object report (empty: nothing)."""
-    code = program.get("code_object")
-    if code is None:
-        return ["no code object figures"]
-    found = []
-    if code["scratch_bytes"] or code["vgpr_spills"]:
-        found.append(f"scratch {code['scratch_bytes']} B, {code['vgpr_spills']} VGPR spills")
-    if code["lds_bytes"] > 65536:
-        found.append(f"LDS {code['lds_bytes']} B > 64 KiB")
-    if code["max_flat_workgroup_size"] < program["veu_threads"]:
-        found.append(f"workgroup limit {code['max_flat_workgroup_size']} < vEU {program['veu_threads']}")
-    if code["wavefront_size"] != 64:
-        found.append(f"wavefront {code['wavefront_size']}")
-    fits = program.get("veus_per_cu_code_object")
-    if not isinstance(fits, int) or fits < program["veus_per_sm"]:
-        found.append(f"{fits} vEUs per CU fit, the placement assumed {program['veus_per_sm']}")
-    found += program["ordering"]["problems"]
-    return found
 
 
 def run(label, name, kwargs, target, out_dir) -> dict:

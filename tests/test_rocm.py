@@ -329,3 +329,40 @@ def test_instrumented_build_reads_the_realtime_counter_and_hardware_id():
         assert any(i.startswith("s_memrealtime") for i in code[name])
         assert any(i.startswith("s_getreg_b32") for i in code[name])
         assert codeobject.check_ordering(code[name], "gfx942")["problems"] == []
+
+
+@pytest.mark.parametrize("name,kwargs", [("branches", {"n": 16}), ("lstm_tc", None)],
+                         ids=["demo16", "lstm_tc"])
+def test_zoo_subset_compiles_through_the_cli_with_a_clean_code_object(tmp_path, name, kwargs,
+                                                                       capsys):
+    """The 16-branch demo and the reduced LSTM (barriers, operator counters) in CI; every reduced
+    zoo model: scripts/rocm_zoo.py (benchmarks/README.md)."""
+    from tvm_rammer.cli import main
+    from tvm_rammer.models import REDUCED, get_model
+    from tvm_rammer.rocm.report import problems_of
+    model = tmp_path / f"{name}.onnx"
+    onnx.save(get_model(name, **(kwargs or REDUCED[name])), str(model))
+    assert main(["compile", str(model), "--target", MI300X, "--no-progress",
+                 "-o", str(tmp_path / "m.so")]) == 0
+    assert (tmp_path / "m.so").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["inspect", str(model), "--target", MI300X, "--json", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["rprograms"] >= 1 and sum(summary["barriers"]) > 0
+    for program in summary["programs"]:
+        assert problems_of(program) == []
+
+
+def test_problems_of_flags_a_bad_code_object():
+    from tvm_rammer.rocm.report import problems_of
+    good = {"veu_threads": 256, "veus_per_sm": 4, "veus_per_cu_code_object": 4,
+            "ordering": {"problems": []},
+            "code_object": {"scratch_bytes": 0, "vgpr_spills": 0, "lds_bytes": 1024,
+                            "max_flat_workgroup_size": 256, "wavefront_size": 64}}
+    assert problems_of(good) == []
+    bad = {**good, "veus_per_cu_code_object": 2,
+           "code_object": {**good["code_object"], "scratch_bytes": 64, "vgpr_spills": 3,
+                           "max_flat_workgroup_size": 128}}
+    found = " ".join(problems_of(bad))
+    assert "scratch 64 B" in found and "workgroup limit 128 < vEU 256" in found
+    assert "2 vEUs per CU fit, the placement assumed 4" in found

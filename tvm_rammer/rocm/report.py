@@ -81,3 +81,27 @@ def add_code_objects(summary: dict, mod: tvm.IRModule, target) -> None:
     reports = code_object_reports(mod, target)
     for program in summary.get("programs", []):
         program.update(reports.get(program["kernel"], {}))
+
+
+def problems_of(program: dict) -> list:
+    """What is wrong with one rProgram's entry of ``inspect``'s ``programs`` (with
+    :func:`add_code_objects`' fields): scratch or VGPR spills, LDS over 64 KiB, a workgroup limit
+    below the vEU width, not wave64, fewer vEUs per CU than the placement assumed, a memory-ordering
+    problem. Empty: nothing."""
+    code = program.get("code_object")
+    if code is None:
+        return ["no code object figures"]
+    found = []
+    if code["scratch_bytes"] or code["vgpr_spills"]:
+        found.append(f"scratch {code['scratch_bytes']} B, {code['vgpr_spills']} VGPR spills")
+    if code["lds_bytes"] > 65536:
+        found.append(f"LDS {code['lds_bytes']} B > 64 KiB")
+    if code["max_flat_workgroup_size"] < program["veu_threads"]:
+        found.append(f"workgroup limit {code['max_flat_workgroup_size']} < vEU {program['veu_threads']}")
+    if code["wavefront_size"] != 64:
+        found.append(f"wavefront {code['wavefront_size']}")
+    fits = program.get("veus_per_cu_code_object")
+    if not isinstance(fits, int) or fits < program["veus_per_sm"]:
+        found.append(f"{fits} vEUs per CU fit, the placement assumed {program['veus_per_sm']}")
+    found += program["ordering"]["problems"]
+    return found
