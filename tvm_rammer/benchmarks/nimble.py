@@ -31,7 +31,6 @@ provides them (``pip install cuda-python``).
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -207,6 +206,12 @@ def _ok(cudart, result):
     return rest[0] if len(rest) == 1 else rest
 
 
+def stream_handle(stream) -> int:
+    """The address of a CUDA stream (cuda-python's ``cudaStream_t``/``CUstream``, or an int) as
+    the plain int TVM's ``Device.set_raw_stream`` takes (TVM 0.27 rejects ``ctypes.c_void_p``)."""
+    return int(stream)
+
+
 class NimbleExecutor:
     """Nimble's ahead-of-time multi-stream schedule of a module's default kernels (module docstring).
 
@@ -275,7 +280,7 @@ class NimbleExecutor:
             stream = streams[a.stream_of[node.index]]
             for u in waits.get(node.index, ()):
                 _ok(cudart, cudart.cudaStreamWaitEvent(stream, events[u], 0))
-            self.dev.set_raw_stream(ctypes.c_void_p(int(stream)))
+            self.dev.set_raw_stream(stream_handle(stream))
             self.lib[node.gvar.name_hint](*[tensors[t] for t in node.inputs + node.outputs])
             if node.index in events:
                 _ok(cudart, cudart.cudaEventRecord(events[node.index], stream))
@@ -305,7 +310,7 @@ class NimbleExecutor:
             _ok(cudart, cudart.cudaStreamWaitEvent(origin, join, 0))
         graph = _ok(cudart, cudart.cudaStreamEndCapture(origin))
         self._graph_exec = _ok(cudart, cudart.cudaGraphInstantiate(graph, 0))
-        self.dev.set_raw_stream(ctypes.c_void_p(0))
+        self.dev.set_raw_stream(0)  # back to the default stream
 
     def replay(self) -> list:
         """One replay of the captured graph; the outputs as NumPy arrays."""
