@@ -309,7 +309,8 @@ def test_tvms_asm_is_translated_on_the_same_lines(snippet):
     body = ptx.translate(snippet)
     assert body.count("\n") == snippet.count("\n")  # diagnostics keep their line numbers
     assert _no_asm_left(body) and "rammer_emu_mma::" in body
-    assert len(ptx.find_asm(snippet)) >= 1
+    found = ptx.find_asm(snippet)
+    assert found and all(s.line == snippet.count("\n", 0, s.start) + 1 for s in found)
 
 
 def test_translated_calls_say_what_the_ptx_says():
@@ -328,7 +329,8 @@ def test_unknown_ptx_fails_at_build_time_quoting_the_statement():
     source = LDMATRIX + r'''
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 '''
-    with pytest.raises(EmulatorError, match=r"(?s)cannot run this inline PTX.*wgmma\.fence\.sync\.aligned.*"
+    line = LDMATRIX.count("\n") + 2
+    with pytest.raises(EmulatorError, match=rf"(?s)cannot run this inline PTX.*wgmma\.fence\.sync\.aligned.*line {line} of the CUDA source.*"
                                             r'asm volatile\("wgmma\.fence\.sync\.aligned;" ::: "memory"\)'):
         ptx.translate(source)
     # a known opcode with a form the emulator does not run is refused too, not guessed
@@ -554,10 +556,31 @@ extern "C" __global__ void __launch_bounds__(32) async_copy(float* __restrict__ 
 '''
 
 
+SCALAR_KERNEL = r'''
+// TVM's predicated 32-bit global load (InjectPTXLDG32) and a %laneid read.
+extern "C" __global__ void __launch_bounds__(64) ldg32(float* __restrict__ x, float* __restrict__ out, unsigned* __restrict__ lanes) {
+  float v;
+  int t = threadIdx.x;
+  asm volatile (
+      "{.reg .pred p;\n"
+      " setp.ne.b32 p, %2, 0;\n"
+      " @!p mov.b32 %0, 0;\n"
+      " @p ld.global.nc.f32 %0, [%1];}\n"
+      : "=f"(v)
+      : "l"((void*)(x + t)), "r"((int)(t % 3 != 0))
+  );
+  out[t] = v;
+  unsigned lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  lanes[t] = lane;
+}
+'''
+
+
 @pytest.fixture(scope="module")
 def kernels():
     from tvm_rammer.emulator.build import build_module
-    return build_module(MMA_KERNELS + ASYNC_KERNEL)
+    return build_module(MMA_KERNELS + ASYNC_KERNEL + SCALAR_KERNEL)
 
 
 def _one_warp(module, name, args):
@@ -668,3 +691,12 @@ def test_a_tvm_built_tensor_core_rkernel_runs_in_the_emulator(name, config):
     assert wrong != source
     bad, expected = _run_tensor_core_kernel(wrong, kernel, func)
     assert not np.allclose(bad, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_predicated_global_load_and_laneid(kernels):
+    x = np.arange(1, 65, dtype=np.float32)
+    out = np.full(64, np.nan, np.float32)
+    lanes = np.zeros(64, np.uint32)
+    kernels.launch("ldg32", [x, out, lanes], grid=(1, 1, 1), block=(64, 1, 1))
+    np.testing.assert_array_equal(out, np.where(np.arange(64) % 3 != 0, x, 0))
+    np.testing.assert_array_equal(lanes, np.arange(64) % 32)

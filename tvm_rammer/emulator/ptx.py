@@ -49,6 +49,8 @@ DEFAULT_DEFINES = {"RAMMER_EMULATE": "1"}
 _ASM_KEYWORDS = ("asm", "__asm__", "__asm")
 _QUALIFIERS = ("volatile", "__volatile__", "__volatile", "inline", "__inline", "__inline__", "goto")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+# what find_asm stops at: a literal, a comment, a directive, an asm keyword (not inside a name)
+_INTERESTING = re.compile(r"[\"'/#]|(?<![\w$])(?:__asm__|__asm|asm)(?![\w$])")
 
 
 # ================================================================= lexing of the C++ source
@@ -145,7 +147,8 @@ def _tri_not(a):
     return UNKNOWN if a is UNKNOWN else not a
 
 
-_PP_TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|\d+)[uUlL]*|([A-Za-z_]\w*)|(&&|\|\||==|!=|<=|>=|<<|>>|[-+*/%<>!~&|^?:()]))")
+_PP_TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|\d+)[uUlL]*|([A-Za-z_]\w*)"
+                       r"|(&&|\|\||==|!=|<=|>=|<<|>>|[-+*/%<>!~&|^?:()]))")
 
 
 class _Macros:
@@ -543,15 +546,6 @@ def _match_paren(src: str, i: int) -> tuple:
     raise EmulatorError("unbalanced parentheses in an inline asm statement:\n" + src[:200])
 
 
-def _asm_keyword_at(src: str, i: int) -> str:
-    m = _IDENT.match(src, i)
-    if not m or m.group(0) not in _ASM_KEYWORDS:
-        return ""
-    if i > 0 and (src[i - 1].isalnum() or src[i - 1] in "_$"):
-        return ""
-    return m.group(0)
-
-
 def _asm_open_paren(src: str, i: int) -> int:
     """Index of the '(' of the asm whose keyword ends at i (qualifiers skipped), or -1."""
     n = len(src)
@@ -580,54 +574,50 @@ def find_asm(source: str, defines=None, undefined=()) -> list:
     known to be inactive (it cannot be translated where it is)."""
     macros = _Macros(DEFAULT_DEFINES if defines is None else defines, undefined)
     conds = _Conditionals(macros)
-    found, i, n, line = [], 0, len(source), 1
-    while i < n:
+    found, i, line = [], 0, 1
+    while True:
+        m = _INTERESTING.search(source, i)  # jump over text that cannot start anything of interest
+        if not m:
+            break
+        line += source.count("\n", i, m.start())
+        i = m.start()
         ch = source[i]
-        if ch == "\n":
-            line += 1
-            i += 1
-            continue
         if ch in "\"'":
             j = _skip_literal(source, i)
             line += source.count("\n", i, j)
             i = j
             continue
-        j = _skip_comment(source, i)
-        if j != i:
+        if ch == "/":
+            j = _skip_comment(source, i)
             line += source.count("\n", i, j)
-            i = j
+            i = max(j, i + 1)
             continue
-        if ch == "#" and _at_line_start(source, i):
+        if ch == "#":
+            if not _at_line_start(source, i):
+                i += 1
+                continue
             end = _directive_end(source, i)
             text = source[i:end]
             where = f"(line {line})"
             if re.match(r"#\s*define\b", text) and conds.active is not False:
-                for m in re.finditer(r"\b(?:__asm__|__asm|asm)\b", _strip_comments(text)):
-                    if _asm_open_paren(_strip_comments(text), m.end()) >= 0:
+                for mm in re.finditer(r"\b(?:__asm__|__asm|asm)\b", _strip_comments(text)):
+                    if _asm_open_paren(_strip_comments(text), mm.end()) >= 0:
                         raise EmulatorError(f"inline asm inside a macro definition {where} cannot be "
                                             f"emulated (translate it where the macro is used):\n{text}")
             conds.directive(text, where)
             line += text.count("\n")
             i = end
             continue
-        keyword = _asm_keyword_at(source, i)
-        if keyword:
-            paren = _asm_open_paren(source, i + len(keyword))
-            if paren >= 0:
-                end, _ = _match_paren(source, paren)
-                stmt = AsmStatement(source[i:end], i, end, line, conds.active,
-                                    conds.describe() if conds.active is UNKNOWN else "")
-                found.append(stmt)
-                line += source.count("\n", i, end)
-                i = end
-                continue
+        keyword = m.group(0)
+        paren = _asm_open_paren(source, i + len(keyword))
+        if paren < 0:
             i += len(keyword)
             continue
-        m = _IDENT.match(source, i)
-        if m:
-            i = m.end()
-            continue
-        i += 1
+        end, _ = _match_paren(source, paren)
+        found.append(AsmStatement(source[i:end], i, end, line, conds.active,
+                                  conds.describe() if conds.active is UNKNOWN else ""))
+        line += source.count("\n", i, end)
+        i = end
     if conds.stack:
         raise EmulatorError(f"unterminated {conds.stack[-1].text} in the CUDA source")
     return found
@@ -803,7 +793,8 @@ def _st_shared(m, args, ctx):
         raise _Unsupported(f"st.shared.v{count} needs {count} values")
     addr = _address(args[0], ctx, "uint32_t")
     vals = ", ".join(ctx.value(v, "uint32_t") for v in values)
-    return f"{{ const uint32_t rammer_v[{count}] = {{{vals}}}; rammer_emu_mma::st_shared_u32({addr}, rammer_v, {count}); }}"
+    return (f"{{ const uint32_t rammer_v[{count}] = {{{vals}}}; "
+            f"rammer_emu_mma::st_shared_u32({addr}, rammer_v, {count}); }}")
 
 
 def _mov(m, args, ctx):
