@@ -21,6 +21,9 @@ pytestmark = pytest.mark.gpu
 
 TARGET = "rammer/nvidia-h100"
 TOLERANCE = 1e-4
+# numerics only: nothing measured (profiling builds and times every candidate: hours for the whole
+# file); test_an_unsatisfiable_barrier_... is the one profiled compile, on a small model
+UNPROFILED = tvm_rammer.RammerConfig(profile=False)
 
 
 def _target():
@@ -37,7 +40,7 @@ def _outputs(result):
 
 
 def _build(model):
-    ex = tvm_rammer.compile(model, target=_target())
+    ex = tvm_rammer.compile(model, target=_target(), config=UNPROFILED)
     vm = relax.VirtualMachine(ex, tvm.cuda(0))
     feeds = random_inputs(model, seed=1)
     names = [i.name for i in model.graph.input if i.name in feeds]
@@ -99,7 +102,7 @@ def test_thousand_back_to_back_runs_give_the_same_result():
 
 def test_two_threads_running_one_module_stay_correct():
     model = get_model("branches", n=16)
-    ex = tvm_rammer.compile(model, target=_target())
+    ex = tvm_rammer.compile(model, target=_target(), config=UNPROFILED)
     feeds = random_inputs(model, seed=2)
     ref = onnx_reference(model, feeds)[0]
     errors, worst = [], []
@@ -133,7 +136,7 @@ def test_too_many_veus_fail_with_a_clear_error():
     # 1,024 rTasks on as many vEUs cannot all be resident
     sms = tvm.cuda(0).multi_processor_count
     ex = tvm_rammer.compile(model, target=_target(),
-                            config=RammerConfig(num_sms=min(sms * 10, MAX_SMS)))
+                            config=RammerConfig(num_sms=min(sms * 10, MAX_SMS), profile=False))
     feeds = random_inputs(model, seed=0)
     with pytest.raises(ValueError, match="cooperative launch too large"):
         execute(ex, list(feeds.values()), tvm.cuda(0), runs=1)
@@ -147,7 +150,7 @@ def test_cli_library_loads_and_runs(tmp_path):
     model = get_model("branches", n=8)
     path, lib = tmp_path / "m.onnx", tmp_path / "m.so"
     onnx.save(model, str(path))
-    assert main(["compile", str(path), "--target", TARGET, "-o", str(lib)]) == 0
+    assert main(["compile", str(path), "--target", TARGET, "--no-profile", "-o", str(lib)]) == 0
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cuda(0))
     feeds = random_inputs(model, seed=5)
     out = _outputs(vm["main"](tvm.runtime.tensor(next(iter(feeds.values())), tvm.cuda(0))))[0]
@@ -157,7 +160,9 @@ def test_cli_library_loads_and_runs(tmp_path):
 def test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives():
     """A wait nothing will satisfy (injected) ends the kernel after the time limit; the host
     raises KernelFault naming the vEU and the rTask, and the same CUDA context still runs a
-    correct model afterwards (no __trap)."""
+    correct model afterwards (no __trap). The one profiled compile of this file: the injected
+    fault is in the emitted table only, never in the one the profiler times (issue 21, defect 4),
+    so the rProgram is kept whatever ran before."""
     from tvm_rammer import faults
     from tvm_rammer.config import RammerConfig
 

@@ -442,3 +442,30 @@ def test_profile_budget_flag_sets_the_config_and_rejects_nonsense(capsys):
         RammerConfig(profile_budget_s=-1)
     with pytest.raises(ValueError, match="profile_margin=0.5"):
         RammerConfig(profile_margin=0.5)
+
+
+# --- defect 1: GPU tests and the stress run compile without profiling (one small test with) ----
+
+def _compile_calls(path):
+    """(enclosing function, profiled?) of every tvm_rammer.compile / CLI compile call in a file."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    found = []
+    for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        for call in [n for n in ast.walk(func) if isinstance(n, ast.Call)]:
+            text = ast.unparse(call)
+            if text.startswith("tvm_rammer.compile("):
+                found.append((func.name, "UNPROFILED" not in text and "profile=False" not in text))
+            elif text.startswith("main([") and "'compile'" in text:
+                found.append((func.name, "--no-profile" not in text))
+    return found
+
+
+def test_gpu_tests_and_the_stress_run_compile_without_profiling_but_one():
+    gpu = _compile_calls(os.path.join(REPO, "tests", "test_gpu.py"))
+    assert len(gpu) >= 5
+    assert [name for name, profiled in gpu if profiled] == [
+        "test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives"]
+    stress = _compile_calls(os.path.join(REPO, "tvm_rammer", "stress.py"))
+    assert stress and not any(profiled for _, profiled in stress)
