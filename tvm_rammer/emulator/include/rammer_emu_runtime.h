@@ -138,7 +138,7 @@ struct Launch {
   // time
   uint64_t vclock, idle_ns, jump_ns;
   size_t round_left; bool progress;
-  unsigned long long resumes;
+  unsigned long long resumes, spins, rounds, fibers_started;
   double wall_limit_s; struct timespec t0;
   // result
   int rc; std::string report;
@@ -448,6 +448,7 @@ inline void after_yield(Fiber* f) {
                " (stack of " + std::to_string(L.stack_bytes) + " bytes; build.py launch(stack_bytes=...))");
   switch (f->state) {
     case ST_SPIN:
+      ++L.spins;
       push(f);
       return;
     case ST_DONE:
@@ -644,7 +645,7 @@ inline void install_signals() {
   sigaltstack(&ss, &g_old_altstack);
   struct sigaction sa{};
   sa.sa_sigaction = &on_signal;
-  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER | SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &g_old_segv);
   sigaction(SIGBUS, &sa, &g_old_bus);
@@ -739,6 +740,7 @@ inline void start_block(unsigned i, unsigned linear) {
     push(f);
   }
   L.live += L.threads_per_block;
+  L.fibers_started += L.threads_per_block;
 }
 
 // Run the queue until it is empty. Returns normally when every live fiber exited.
@@ -756,6 +758,7 @@ inline void run_queue() {
       sched_fail(RC_DEADLOCK, buf + waiting_report());
     }
     if (--L.round_left == 0 || L.qsize == 0) {
+      ++L.rounds;
       L.vclock += ROUND_NS;
       if (L.progress) {
         L.idle_ns = 0; L.jump_ns = 0;
@@ -902,6 +905,13 @@ template <class... A> inline const char* signature_of(void (*)(A...)) {
 }
 
 }  // namespace rammer_emu
+
+// Counters of the last launch (build.py: EmulatedModule.last_stats).
+RAMMER_EMU_EXPORT void rammer_emu_stats(unsigned long long* out) {
+  const rammer_emu::Launch& L = rammer_emu::g_launch;
+  out[0] = L.fibers_started; out[1] = L.resumes; out[2] = L.spins; out[3] = L.rounds;
+  out[4] = L.vclock - 1000000000ull;
+}
 
 // build.py appends RAMMER_EMU_KERNELS(k1, k2, ...) after the kernel source: the exported entry points.
 #define RAMMER_EMU_KERNEL_CASE(k)                                                                  \
