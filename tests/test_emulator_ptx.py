@@ -553,6 +553,21 @@ extern "C" __global__ void __launch_bounds__(32) async_copy(float* __restrict__ 
   __syncthreads();
   tvm_builtin_ptx_cp_async_wait_group_async_wait_group_0();
 }
+// mode 0: copies x into s and exits without waiting; mode 1: s = -2, waits for everything, s -> out
+// (a later launch must not complete the earlier launch's copies into its own shared memory).
+extern "C" __global__ void __launch_bounds__(32) async_leftover(float* __restrict__ x, float* __restrict__ out, int mode) {
+  __shared__ __align__(16) float s[128];
+  int t = threadIdx.x;
+  if (mode == 0) {
+    ptx_cp_async_legacy_pred_cg_16_4_4(s, 4 * t, x, 4 * t, 1);
+    tvm_builtin_ptx_cp_async_commit_group_async_commit_group();
+    return;
+  }
+  for (int i = t; i < 128; i += 32) s[i] = -2.0f;
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  for (int i = t; i < 128; i += 32) out[i] = s[i];
+}
 '''
 
 
@@ -700,3 +715,11 @@ def test_predicated_global_load_and_laneid(kernels):
     kernels.launch("ldg32", [x, out, lanes], grid=(1, 1, 1), block=(64, 1, 1))
     np.testing.assert_array_equal(out, np.where(np.arange(64) % 3 != 0, x, 0))
     np.testing.assert_array_equal(lanes, np.arange(64) % 32)
+
+
+def test_copies_a_kernel_never_waited_for_do_not_reach_a_later_launch(kernels):
+    x = np.arange(128, dtype=np.float32)
+    out = np.zeros(128, np.float32)
+    _one_warp(kernels, "async_leftover", [x, out, np.int32(0)])
+    _one_warp(kernels, "async_leftover", [x, out, np.int32(1)])
+    np.testing.assert_array_equal(out, np.full(128, -2, np.float32))

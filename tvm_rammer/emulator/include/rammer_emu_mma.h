@@ -197,7 +197,12 @@ inline void mma_exec(int k, int dtype, int atype, int btype, int ctype, const ui
 
 #include <deque>
 #include <map>
+#include <utility>
 #include <vector>
+
+#ifndef RAMMER_EMU_SITE
+#error "rammer_emu_mma.h needs the emulator's runtime first (rammer_emu.h includes it in order)"
+#endif
 
 namespace rammer_emu_mma {
 
@@ -272,15 +277,41 @@ inline void mma(const void* site, int k, int dtype, int atype, int btype, int ct
 // weakest behaviour): `cp.async.commit_group` closes the open group, `cp.async.wait_group N`
 // completes all but the N most recent committed groups, `cp.async.wait_all` everything. A kernel
 // that reads the destination before waiting sees the old contents, as it may on a GPU.
-// The queues are keyed by (the block's shared arena, the thread's index in the block) in a map of
-// the OS thread that runs the block.
+// The queues are keyed by (the block's shared arena, the thread's index in the block); an entry is
+// dropped once empty. One left non-empty by a kernel that exited without waiting (its copies would
+// complete at kernel exit on a GPU, unobservably) is discarded by a later launch: each queue
+// remembers the launch it belongs to (the runtime's launch start time).
 struct AsyncCopy { void* dst; const void* src; int cp_size, src_size; };
-struct AsyncQueue { std::vector<AsyncCopy> open; std::deque<std::vector<AsyncCopy>> committed; };
+struct AsyncQueue {
+  std::vector<AsyncCopy> open;
+  std::deque<std::vector<AsyncCopy>> committed;
+  long long launch_s = -1, launch_ns = -1;  // rammer_emu::g_launch.t0 of the owning launch
+};
+using AsyncKey = std::pair<const void*, unsigned>;
+
+inline std::map<AsyncKey, AsyncQueue>& async_queues() {
+  static std::map<AsyncKey, AsyncQueue> queues;  // one launch runs at a time (rammer_emu::g_launch)
+  return queues;
+}
+
+inline AsyncKey async_key() {
+  unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return {(const void*)rammer_emu::shared_base(), tid};
+}
 
 inline AsyncQueue& async_queue() {
-  thread_local std::map<std::pair<const void*, unsigned>, AsyncQueue> queues;
-  unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  return queues[{(const void*)rammer_emu::shared_base(), tid}];
+  AsyncQueue& q = async_queues()[async_key()];
+  const auto& t0 = rammer_emu::g_launch.t0;
+  if (q.launch_s != (long long)t0.tv_sec || q.launch_ns != (long long)t0.tv_nsec) {
+    q = AsyncQueue{};  // new, or left over by an earlier launch
+    q.launch_s = (long long)t0.tv_sec;
+    q.launch_ns = (long long)t0.tv_nsec;
+  }
+  return q;
+}
+
+inline void async_release(AsyncQueue& q) {
+  if (q.open.empty() && q.committed.empty()) async_queues().erase(async_key());
 }
 
 inline void run_copies(const std::vector<AsyncCopy>& copies) {
@@ -299,7 +330,7 @@ inline void cp_async(uint32_t dst, const void* src, long long cp_size, long long
 
 inline void cp_async_commit_group() {
   AsyncQueue& q = async_queue();
-  q.committed.push_back(std::move(q.open));
+  q.committed.push_back(std::move(q.open));  // an empty group too: wait_group counts groups
   q.open.clear();
 }
 
@@ -309,6 +340,7 @@ inline void cp_async_wait_group(long long n) {
     run_copies(q.committed.front());
     q.committed.pop_front();
   }
+  async_release(q);
 }
 
 inline void cp_async_wait_all() {
