@@ -1,121 +1,214 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark in one command, for a machine with a CUDA GPU.
-# Works without installing the package (the GPU machine has no package index):
+# The GPU checks, as stages that each finish within 8 minutes on an H100/H200 (a short slot on a
+# shared GPU), run one per command, in order of value. Works without installing the package (the
+# GPU machine has no package index):
 #   export PYTHONPATH=/opt/tvmsite:$PWD   (the TVM bundle, see ../shared/gpu/), then
-#   bash scripts/gpu_check.sh [OUT_DIR]
-# Prints a short table last; full logs and JSON go to OUT_DIR (default: $OUT or ./out).
-#   bash scripts/gpu_check.sh --stress [OUT_DIR]   the stress run instead (tvm_rammer/stress.py):
-#   5,000 fuzzed graphs on the device vs onnxruntime, compute-sanitizer memcheck/racecheck/synccheck
-#   on the reduced zoo, 10,000 back-to-back runs, 8 threads on one module; JSON in OUT_DIR
-#   (hours: the 5,000 graphs are each compiled with nvcc; STRESS_ARGS="--graphs 500" for less).
+#   bash scripts/gpu_check.sh --plan              the stages in order: minutes (estimated), outputs
+#   bash scripts/gpu_check.sh STAGE [OUT_DIR]     one stage (e.g. smoke, zoo-alexnet, l2)
+#   bash scripts/gpu_check.sh next [OUT_DIR]      the first stage not yet done in OUT_DIR
+#   bash scripts/gpu_check.sh all [OUT_DIR]       every stage in order (hours; each still bounded)
+#   bash scripts/gpu_check.sh --stress [OUT_DIR]  the whole stress run in one go (hours, unbounded)
+# OUT_DIR (default $OUT, else benchmarks/results/gpu-<date>-<commit>) gets meta.json (device,
+# driver, date, commit) and stages.jsonl (one line per finished stage: exit, seconds); each stage
+# writes under OUT_DIR/<stage>/ as it goes (profile databases are flushed per measured batch), so a
+# stage cut short keeps what it did. The directory is ready to commit under benchmarks/results/.
+# Every stage is run under `timeout` (STAGE_LIMIT_S, default 480 s = 8 min): a stage that overruns
+# is stopped and recorded (exit 124), the next one is unaffected.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stress=0
-if [ "${1:-}" = "--stress" ]; then stress=1; shift; fi
-out="${1:-${OUT:-out}}"
-mkdir -p "$out"
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
-export PYTHONUNBUFFERED=1
-export TVM_CUDA_COMPILE_MODE="${TVM_CUDA_COMPILE_MODE:-nvcc}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
-if [ "$stress" = 1 ]; then
-  # shellcheck disable=SC2086
-  python3 -m tvm_rammer.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
-  exit "${PIPESTATUS[0]}"
-fi
 
-python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
-tests_rc=${PIPESTATUS[0]}
-python3 -m tvm_rammer.cli demo 2>&1 | tee "$out/demo.log"
+ZOO="alexnet deepspeech2 googlenet inception_v3 lstm_tc nasnet_cifar randwire resnext29 seq2seq squeezenet"
+EPILOGUE="lstm_tc seq2seq"
+SANITIZED="branches lstm_tc squeezenet"
+LIMIT="${STAGE_LIMIT_S:-480}"
 
-# Profile databases for every model of the zoo at full size, one model at a time (so timings do not
-# disturb each other): every rKernel version checked and timed, every rProgram timed against TVM's
-# default kernels. Commit $out/profiles/<device>.json as tvm_rammer/profiles/<device>.json: CPU
-# compilations for this arch then choose kernels on these times.
-slug=$(python3 -c "import re; from tvm_rammer.gpu import local_gpu; \
-print(re.sub(r'[^a-z0-9]+', '-', local_gpu().id.name.lower()).strip('-'))")
-profiles="$out/profiles/$slug.json"
-mkdir -p "$out/profiles" "$out/inspect"
-[ -f "tvm_rammer/profiles/$slug.json" ] && cp "tvm_rammer/profiles/$slug.json" "$profiles"
-for model in ${PROFILE_MODELS:-$(python3 -c "from tvm_rammer.models import MODELS; print(*sorted(MODELS))")}; do
-  python3 -m tvm_rammer.cli model "$model" -o "$out/inspect/$model.onnx"
-  timeout "${PROFILE_TIMEOUT:-900}" python3 -m tvm_rammer.cli inspect "$out/inspect/$model.onnx" \
-    --profile-db "$profiles" --json > "$out/inspect/$model.json" 2> "$out/inspect/$model.err" \
-    || echo "profile $model: exit $?" | tee -a "$out/profile.log"
-  rm -f "$out/inspect/$model.onnx"
-done
-
-python3 -m tvm_rammer.cli model branches --param n=16 -o "$out/branches16.onnx"
-python3 -m tvm_rammer.cli run "$out/branches16.onnx" --profile-db "$profiles" --json \
-  > "$out/branches16.json" 2> "$out/run.err"
-python3 -m tvm_rammer.cli bench --reduced --out "$out" --no-progress --profile-db "$profiles" 2>&1 \
-  | tee "$out/bench.log"
-# The RNN cells' GEMV epilogue (GEMVEpilogueFusion) was chosen on predicted times: run LSTM-TC and
-# Seq2Seq at full size with and without it, one at a time (error vs onnxruntime, latency vs TVM's
-# default), so the GPU says whether it pays; also the L2 bandwidth the cost model assumes
-# (CostModelConfig.l2_bw_gbps) next to the measured one. EPILOGUE_MODELS="" skips the runs.
-mkdir -p "$out/epilogue"
-for model in ${EPILOGUE_MODELS-lstm_tc seq2seq}; do
-  python3 -m tvm_rammer.cli model "$model" -o "$out/epilogue/$model.onnx"
-  for flag in "" --no-gemv-epilogue; do
-    tag=${flag:+-no-epilogue}
-    timeout "${PROFILE_TIMEOUT:-900}" python3 -m tvm_rammer.cli run "$out/epilogue/$model.onnx" \
-      --profile-db "$profiles" --json $flag > "$out/epilogue/$model$tag.json" \
-      2> "$out/epilogue/$model$tag.err" || echo "run $model $flag: exit $?" | tee -a "$out/epilogue.log"
+# --- the plan: stage, estimated minutes on an H100/H200 (not yet measured on one), outputs ---
+plan() {
+  echo "smoke 3 smoke/{demo.log,gpu_tests.log}: tvm-rammer demo and tests/test_gpu.py"
+  echo "gpu-tests 6 gpu-tests/gpu_tests.log: every other -m gpu test"
+  for m in $ZOO; do
+    echo "zoo-$m 5 zoo-$m/run.json: $m at full size vs onnxruntime, latency vs TVM's default (profile budget 120 s)"
   done
-  rm -f "$out/epilogue/$model.onnx"
-done
-python3 - "$out/l2.json" <<'PY' 2>&1 | tee -a "$out/epilogue.log"
+  for m in $ZOO; do
+    echo "profile-$m 7 profiles/<device>.json, profile-$m/inspect.json: $m's kernels and rPrograms measured (budget 360 s; run again to continue)"
+  done
+  for m in $EPILOGUE; do
+    echo "epilogue-$m 6 epilogue-$m/{with,without}.json: $m with and without the GEMV epilogue"
+  done
+  echo "l2 1 l2/l2.json: the L2 read bandwidth the cost model assumes, measured"
+  echo "bench 6 bench/: tvm-bench --reduced, every system, reduced models"
+  echo "relower 4 relower/relower.json: persistent kernels lowered by TVM's TIR pipeline and ours"
+  for m in $SANITIZED; do
+    echo "sanitize-$m 6 sanitize-$m/*.log: compute-sanitizer memcheck, racecheck, synccheck on reduced $m"
+  done
+  echo "stress-runs 3 stress-runs/stress-*.json: 10,000 back-to-back runs, 8 threads on one module"
+  echo "stress-fuzz 7 stress-fuzz/stress-*.json: 150 fuzzed graphs on the device vs onnxruntime"
+}
+
+known_stage() {
+  plan | awk '{print $1}' | grep -qx -- "$1"
+}
+
+# --- helpers ---
+# GPU_CHECK_DRY=1: print each command instead of running it (tests/test_gpu_check.py)
+run() { if [ -n "${GPU_CHECK_DRY:-}" ]; then echo "+ $*"; else "$@"; fi; }
+py() { run python3 "$@"; }
+
+write_meta() {
+  mkdir -p "$out"
+  [ -f "$out/meta.json" ] || [ -n "${GPU_CHECK_DRY:-}" ] && return
+  py - "$out/meta.json" <<'PY'
+import datetime, json, subprocess, sys
+def sh(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return ""
+gpu = sh("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader").split(", ")
+json.dump({"device": gpu[0] if gpu and gpu[0] else "unknown",
+           "driver": gpu[1] if len(gpu) > 1 else "unknown",
+           "date": datetime.date.today().isoformat(), "commit": sh("git", "rev-parse", "HEAD")},
+          open(sys.argv[1], "w"), indent=1)
+PY
+}
+
+device_slug() {
+  [ -n "${GPU_CHECK_DRY:-}" ] && { echo dry; return; }
+  python3 -c "import re; from tvm_rammer.gpu import local_gpu; \
+print(re.sub(r'[^a-z0-9]+', '-', local_gpu().id.name.lower()).strip('-'))"
+}
+
+profiles_db() {  # the JSON profile database of this device (seeded from the shipped one)
+  local slug; slug=$(device_slug)
+  mkdir -p "$out/profiles"
+  [ -f "$out/profiles/$slug.json" ] || { [ -f "tvm_rammer/profiles/$slug.json" ] \
+    && cp "tvm_rammer/profiles/$slug.json" "$out/profiles/$slug.json"; }
+  echo "$out/profiles/$slug.json"
+}
+
+model_file() {  # $1 model, $2 dir -> the ONNX file (full size)
+  [ -f "$2/$1.onnx" ] || py -m tvm_rammer.cli model "$1" -o "$2/$1.onnx" >/dev/null
+  echo "$2/$1.onnx"
+}
+
+# --- the stages (each writes into $dir) ---
+stage_body() {
+  local stage="$1" dir="$2" m
+  case "$stage" in
+    smoke)
+      py -m tvm_rammer.cli demo > "$dir/demo.log" 2>&1
+      py -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider > "$dir/gpu_tests.log" 2>&1 ;;
+    gpu-tests)
+      py -m pytest -q -m gpu tests --ignore=tests/test_gpu.py -p no:cacheprovider \
+        > "$dir/gpu_tests.log" 2>&1 ;;
+    zoo-*)
+      m=${stage#zoo-}
+      py -m tvm_rammer.cli run "$(model_file "$m" "$dir")" --profile-db "$(profiles_db)" \
+        --profile-budget 120 --json > "$dir/run.json" 2> "$dir/run.err"
+      local rc=$?; rm -f "$dir/$m.onnx"; return $rc ;;
+    profile-*)
+      m=${stage#profile-}
+      py -m tvm_rammer.cli inspect "$(model_file "$m" "$dir")" --profile-db "$(profiles_db)" \
+        --profile-budget 360 --json > "$dir/inspect.json" 2> "$dir/inspect.err"
+      local rc=$?; rm -f "$dir/$m.onnx"; return $rc ;;
+    epilogue-*)
+      m=${stage#epilogue-}
+      local f; f=$(model_file "$m" "$dir"); local rc=0
+      py -m tvm_rammer.cli run "$f" --profile-db "$(profiles_db)" --profile-budget 60 --json \
+        > "$dir/with.json" 2> "$dir/with.err" || rc=$?
+      py -m tvm_rammer.cli run "$f" --profile-db "$(profiles_db)" --profile-budget 60 --json \
+        --no-gemv-epilogue > "$dir/without.json" 2> "$dir/without.err" || rc=$?
+      rm -f "$f"; return $rc ;;
+    l2)
+      py - "$dir/l2.json" <<'PY'
 import json, sys
 import tvm
 from tvm_rammer.benchmarks.floor import l2_read_rate
 from tvm_rammer.cost_model import CostModelConfig
 rate = l2_read_rate(tvm.cuda(0))
-json.dump({"l2_bytes_per_s": rate, "assumed": CostModelConfig().l2_bw_gbps * 1e9}, open(sys.argv[1], "w"))
+json.dump({"l2_bytes_per_s": rate, "assumed": CostModelConfig().l2_bw_gbps * 1e9},
+          open(sys.argv[1], "w"))
 print(f"L2 reads: measured {rate / 1e12:.2f} TB/s, the cost model assumes "
       f"{CostModelConfig().l2_bw_gbps / 1e3:.2f} TB/s")
 PY
-# Persistent kernels lowered by TVM's whole TIR pipeline and by ours (tir_pipeline.REDONE_BY_NVCC
-# skipped): the same SASS is checked on CPU; here both builds run, compared and timed.
-python3 scripts/relower_check.py --reduced --out "$out/relower.json" 2>&1 | tee "$out/relower.log"
+      ;;
+    bench)
+      py -m tvm_rammer.cli bench --reduced --out "$dir" --no-progress --profile-db "$(profiles_db)" \
+        > "$dir/bench.log" 2>&1 ;;
+    relower)
+      py scripts/relower_check.py --reduced --out "$dir/relower.json" > "$dir/relower.log" 2>&1 ;;
+    sanitize-*)
+      m=${stage#sanitize-}
+      local exe; exe=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      local rc=0 tool
+      for tool in memcheck racecheck synccheck; do
+        run "$exe" --tool "$tool" --error-exitcode 99 python3 -m tvm_rammer.stress run-model "$m" \
+          > "$dir/$tool.log" 2>&1 || rc=$?
+      done
+      return $rc ;;
+    stress-runs)
+      py -m tvm_rammer.stress --out "$dir" --parts back_to_back,threads > "$dir/stress.log" 2>&1 ;;
+    stress-fuzz)
+      py -m tvm_rammer.stress --out "$dir" --parts fuzz --graphs "${FUZZ_GRAPHS:-150}" \
+        > "$dir/stress.log" 2>&1 ;;
+    *) echo "gpu_check: no stage $stage" >&2; return 2 ;;
+  esac
+}
 
-echo
-echo "== summary ($(cat "$out/device.txt" 2>/dev/null), commit $(cut -c1-8 "$out/commit.txt" 2>/dev/null))"
-echo "gpu tests: $(tail -n 1 "$out/gpu_tests.log")  (exit $tests_rc)"
-python3 - "$out/inspect" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    try:
-        s = json.loads(path.read_text())
-    except Exception:
-        print(f"{path.stem}: no result"); continue
-    progs = s.get("programs", [])
-    meas = [p.get("measured_us") for p in progs]
-    dflt = [p.get("default_us") for p in progs]
-    print(f"{path.stem}: {s['rprograms']} rPrograms, launches {s['launches']} (default "
-          f"{s.get('default_launches')}), measured {meas} us vs TVM default kernels {dflt} us, "
-          f"{len(s.get('fallbacks', []))} fell back")
-PY
-python3 - "$out/epilogue" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    try:
-        r = json.loads(path.read_text())
-        print(f"{path.stem}: tvm-rammer {r['rammer']['latency_us']:.1f} us "
-              f"(err {r['rammer']['max_rel_err']:.1e}), TVM default {r['default']['latency_us']:.1f} us")
-    except Exception as err:
-        print(f"{path.stem}: no result ({err})")
-PY
-python3 - "$out/branches16.json" <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except Exception as err:
-    print(f"16-branch model: no result ({err})")
-else:
-    print(f"16-branch GEMV model: tvm-rammer {r['rammer']['latency_us']:.2f} us "
-          f"(err {r['rammer']['max_rel_err']:.1e}), TVM default {r['default']['latency_us']:.2f} us, "
-          f"speedup {r['speedup']:.2f}x")
-PY
-exit "$tests_rc"
+run_stage() {
+  local stage="$1" dir="$out/$1" start rc
+  mkdir -p "$dir"
+  echo "== $stage (at most ${LIMIT} s) -> $dir"
+  start=$(date +%s)
+  export -f stage_body run py model_file profiles_db device_slug
+  export out
+  timeout --kill-after=30 "$LIMIT" bash -c 'stage_body "$@"' _ "$stage" "$dir"
+  rc=$?
+  echo "{\"stage\": \"$stage\", \"exit\": $rc, \"seconds\": $(( $(date +%s) - start ))}" \
+    >> "$out/stages.jsonl"
+  echo "   exit $rc after $(( $(date +%s) - start )) s"
+  return $rc
+}
+
+# --- command line ---
+cmd="${1:-}"
+if [ "$cmd" = "--plan" ]; then
+  i=0
+  plan | while read -r name minutes rest; do
+    i=$((i + 1)); printf '%2d. %-22s %2s min  %s\n' "$i" "$name" "$minutes" "$rest"
+  done
+  echo "total: $(plan | awk '{s += $2} END {print s}') min, each stage at most $(( LIMIT / 60 )) min"
+  exit 0
+fi
+if [ "$cmd" = "--known" ]; then known_stage "${2:-}"; exit $?; fi
+if [ "$cmd" = "--stress" ]; then  # the whole stress run at once (hours; no stage bound)
+  out="${2:-${OUT:-out}}"; mkdir -p "$out"
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+  # shellcheck disable=SC2086
+  python3 -m tvm_rammer.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ -z "$cmd" ] || [ "$cmd" = "-h" ] || [ "$cmd" = "--help" ]; then
+  sed -n '2,15p' "$0"; exit 0
+fi
+out="${2:-${OUT:-benchmarks/results/gpu-$(date +%F)-$(git rev-parse --short HEAD 2>/dev/null || echo nocommit)}}"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+export PYTHONUNBUFFERED=1
+export TVM_CUDA_COMPILE_MODE="${TVM_CUDA_COMPILE_MODE:-nvcc}"
+write_meta
+case "$cmd" in
+  all)
+    for s in $(plan | awk '{print $1}'); do run_stage "$s"; done ;;
+  next)
+    for s in $(plan | awk '{print $1}'); do
+      grep -q "\"stage\": \"$s\", \"exit\": 0" "$out/stages.jsonl" 2>/dev/null && continue
+      run_stage "$s"; exit $?
+    done
+    echo "every stage is done in $out" ;;
+  *)
+    if ! known_stage "$cmd"; then
+      echo "gpu_check: no stage '$cmd'; the stages: $(plan | awk '{print $1}' | tr '\n' ' ')" >&2
+      exit 2
+    fi
+    run_stage "$cmd" ;;
+esac

@@ -1,6 +1,6 @@
 """Numerics on a real GPU (skipped cleanly without one): tvm-rammer against onnxruntime.
 
-Run them all with ``bash scripts/gpu_check.sh`` (or ``python3 -m pytest -m gpu``).
+Run them with ``bash scripts/gpu_check.sh smoke`` and ``gpu-tests`` (or ``python3 -m pytest -m gpu``).
 """
 
 import threading
