@@ -4,20 +4,24 @@
 // it while the number of fibers allows, a canary word otherwise) switched by a small x86-64 routine
 // (ucontext elsewhere). A fiber runs until it reaches a synchronisation point (a block barrier, a
 // named barrier, a warp collective, a grid sync, a spin yield such as __nanosleep, or its end); the
-// scheduler then runs the next fiber of one FIFO run queue, so a launch is deterministic.
+// scheduler then runs the next fiber, so a launch is deterministic. Scheduling is by block: a FIFO of
+// blocks, each with a FIFO of its runnable fibers; a block's turn runs its fibers (and those a
+// barrier of the block releases meanwhile) until every one is parked, exited or spinning, so a
+// block's stacks stay in the caches while it works through its barriers; a spinning fiber waits for
+// the block's next turn.
 //
 // * Non-cooperative launch: blocks run one after another in the launch's block order.
-//   Cooperative launch: every block is live at once, the queue starts in block order.
+//   Cooperative launch: every block is live at once, the block FIFO starts in block order.
 // * Block barriers: 16 ids per block. `count == 0` (__syncthreads, bar.sync id) completes when every
 //   thread of the block that has not exited arrived; `count > 0` (bar.sync id, n) when n threads arrived.
 // * Warp collectives: lanes arriving at the same SITE (any pointer unique to a call site; the CUDA
 //   surface uses RAMMER_EMU_SITE, the address of a static object per source call site) are grouped;
 //   the groups of a warp resolve once no lane of that warp can still arrive (every lane is parked
 //   somewhere or has exited); the collective's function runs once per group (warp_collective()).
-// * Virtual time (%globaltimer, clock64): +ROUND_NS per scheduling round (every queued fiber ran once);
+// * Virtual time (%globaltimer, clock64): +ROUND_NS per scheduling round (every queued block had a turn);
 //   a round in which only spinning fibers ran and nothing progressed jumps the clock ahead (doubling,
 //   from 1 us up to 64 s), so time-bounded spin waits reach their timeout quickly and deterministically.
-// * Deadlock: the queue is empty while fibers are parked, or only spinning fibers remain and the clock
+// * Deadlock: no block has a runnable fiber while fibers are parked, or only spinning fibers remain and the clock
 //   jumped more than SPIN_LIMIT_NS without progress: the launch ends with a report of where every
 //   waiting thread waits. A wall-clock limit ends a launch the same way (a watchdog thread interrupts
 //   a fiber that never yields). SIGSEGV/SIGBUS/SIGFPE inside a fiber end the launch with an error
@@ -115,6 +119,9 @@ struct Block {
   Barrier bars[NUM_BARRIERS];
   unsigned char* smem;
   size_t smem_used;
+  Fiber** rq; unsigned rq_head, rq_size;   // runnable fibers of the block
+  Fiber** deferred; unsigned ndeferred;   // spinning fibers waiting for the block's next turn
+  bool queued;                            // in the block FIFO or having its turn
   int64_t site_off[MAX_SHARED_SITES];
 };
 
@@ -125,7 +132,7 @@ struct Launch {
   bool cooperative;
   // live set
   Block* blocks; unsigned nblocks_live;
-  Fiber** queue; size_t qcap, qhead, qsize;
+  Block** bq; size_t bq_cap, bq_head, bq_size;  // the block FIFO
   unsigned long long live, total_threads, exited_total, grid_arrived;
   // fibers
   char* stacks; size_t stack_bytes, stacks_len; bool guards; size_t nstacks;
@@ -168,14 +175,8 @@ rammer_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -202,17 +203,15 @@ inline void fiber_prepare(Fiber* f, char* lo, size_t bytes) {
   f->stack_lo = lo;
   uintptr_t top = (reinterpret_cast<uintptr_t>(lo) + bytes) & ~uintptr_t(15);
 #if defined(__x86_64__)
+  // the frame rammer_emu_switch pops: r15, r14, r13, r12 (entry), rbx (argument), rbp, return
+  // address (the trampoline, entered with rsp 16-byte aligned as a call expects it)
   uint64_t* s = reinterpret_cast<uint64_t*>(top);
-  uint32_t csr[2] = {0, 0};
-  asm volatile("stmxcsr %0" : "=m"(csr[0]));
-  asm volatile("fnstcw %0" : "=m"(csr[1]));
-  s[-1] = reinterpret_cast<uint64_t>(&rammer_emu_trampoline);  // ret
-  s[-2] = 0;                                                   // rbp
-  s[-3] = reinterpret_cast<uint64_t>(f);                       // rbx: argument
-  s[-4] = reinterpret_cast<uint64_t>(&fiber_main);             // r12: entry
-  s[-5] = 0; s[-6] = 0; s[-7] = 0;                              // r13..r15
-  s[-8] = uint64_t(csr[0]) | (uint64_t(csr[1] & 0xffff) << 32);
-  f->sp = &s[-8];
+  s[-1] = reinterpret_cast<uint64_t>(&rammer_emu_trampoline);
+  s[-2] = 0;
+  s[-3] = reinterpret_cast<uint64_t>(f);
+  s[-4] = reinterpret_cast<uint64_t>(&fiber_main);
+  s[-5] = 0; s[-6] = 0; s[-7] = 0;
+  f->sp = &s[-7];
 #else
   getcontext(&f->uc);
   f->uc.uc_stack.ss_sp = lo;
@@ -282,7 +281,7 @@ inline void grid_sync(int line) {
   switch_to_scheduler(f);
 }
 
-// A spin wait's yield (e.g. __nanosleep in a polling loop): the fiber goes to the back of the queue.
+// A spin wait's yield (e.g. __nanosleep in a polling loop): the fiber waits for its block's next turn.
 inline void spin_yield(const char* what, int line) {
   Fiber* f = g_cur;
   f->state = ST_SPIN; f->spin_what = what; f->spin_line = line; f->spin_fmt = false;
@@ -339,16 +338,29 @@ inline void* shared_dynamic() { return g_cur->block->smem; }
 }
 
 // ---------------------------------------------------------------------------- scheduler
-inline void push(Fiber* f) {
+inline void push_block(Block* b) {
   Launch& L = g_launch;
-  L.queue[(L.qhead + L.qsize) % L.qcap] = f;
-  ++L.qsize;
+  L.bq[(L.bq_head + L.bq_size) % L.bq_cap] = b;
+  ++L.bq_size;
 }
-inline Fiber* pop() {
+inline Block* pop_block() {
   Launch& L = g_launch;
-  Fiber* f = L.queue[L.qhead];
-  L.qhead = (L.qhead + 1) % L.qcap;
-  --L.qsize;
+  Block* b = L.bq[L.bq_head];
+  L.bq_head = (L.bq_head + 1) % L.bq_cap;
+  --L.bq_size;
+  return b;
+}
+inline void push(Fiber* f) {
+  Block* b = f->block;
+  const unsigned n = g_launch.threads_per_block;
+  b->rq[(b->rq_head + b->rq_size) % n] = f;
+  ++b->rq_size;
+  if (!b->queued) { b->queued = true; push_block(b); }
+}
+inline Fiber* pop(Block* b) {
+  Fiber* f = b->rq[b->rq_head];
+  b->rq_head = (b->rq_head + 1) % g_launch.threads_per_block;
+  --b->rq_size;
   return f;
 }
 
@@ -449,7 +461,7 @@ inline void after_yield(Fiber* f) {
   switch (f->state) {
     case ST_SPIN:
       ++L.spins;
-      push(f);
+      b->deferred[b->ndeferred++] = f;
       return;
     case ST_DONE:
       L.progress = true;
@@ -672,11 +684,13 @@ inline void free_memory() {
   if (L.stacks) munmap(L.stacks, L.stacks_len);
   if (L.arenas) munmap(L.arenas, L.arenas_len);
   if (L.blocks) {
-    for (unsigned i = 0; i < L.nblocks_live; ++i) { free(L.blocks[i].fibers); free(L.blocks[i].warps); }
+    for (unsigned i = 0; i < L.nblocks_live; ++i) {
+      free(L.blocks[i].fibers); free(L.blocks[i].warps); free(L.blocks[i].rq); free(L.blocks[i].deferred);
+    }
     free(L.blocks);
   }
-  free(L.queue);
-  L.stacks = nullptr; L.arenas = nullptr; L.blocks = nullptr; L.queue = nullptr;
+  free(L.bq);
+  L.stacks = nullptr; L.arenas = nullptr; L.blocks = nullptr; L.bq = nullptr;
 }
 
 inline void alloc_live(unsigned nblocks) {
@@ -696,12 +710,14 @@ inline void alloc_live(unsigned nblocks) {
   L.arenas = static_cast<unsigned char*>(m);
   L.blocks = static_cast<Block*>(calloc(nblocks, sizeof(Block)));
   L.nblocks_live = nblocks;
-  L.qcap = L.nstacks;
-  L.queue = static_cast<Fiber**>(malloc(sizeof(Fiber*) * L.qcap));
+  L.bq_cap = nblocks;
+  L.bq = static_cast<Block**>(malloc(sizeof(Block*) * L.bq_cap));
   for (unsigned i = 0; i < nblocks; ++i) {
     Block* b = &L.blocks[i];
     b->fibers = static_cast<Fiber*>(calloc(L.threads_per_block, sizeof(Fiber)));
     b->warps = static_cast<Warp*>(calloc(L.warps_per_block, sizeof(Warp)));
+    b->rq = static_cast<Fiber**>(malloc(sizeof(Fiber*) * L.threads_per_block));
+    b->deferred = static_cast<Fiber**>(malloc(sizeof(Fiber*) * L.threads_per_block));
     b->smem = L.arenas + ARENA_STRIDE * i;
     for (unsigned t = 0; t < L.threads_per_block; ++t) {
       char* lo = L.stacks + per * (size_t(i) * L.threads_per_block + t);
@@ -718,6 +734,7 @@ inline void start_block(unsigned i, unsigned linear) {
   b->linear = linear;
   b->bidx = {linear % L.gdim.x, (linear / L.gdim.x) % L.gdim.y, linear / (L.gdim.x * L.gdim.y)};
   b->exited = 0;
+  b->rq_head = 0; b->rq_size = 0; b->ndeferred = 0; b->queued = false;
   for (int k = 0; k < NUM_BARRIERS; ++k) b->bars[k] = Barrier{0, 0, 0, 0, 1, 0};
   for (int k = 0; k < MAX_SHARED_SITES; ++k) b->site_off[k] = -1;
   b->smem_used = L.dyn_smem;
@@ -736,43 +753,61 @@ inline void start_block(unsigned i, unsigned linear) {
     f->lane = t % 32; f->warp = t / 32;
     f->state = ST_RUNNABLE;
     if (!L.guards) *reinterpret_cast<uint64_t*>(lo) = CANARY;
-    fiber_prepare(f, lo, L.stack_bytes);
+    // stack tops 256 KiB apart would share cache sets: shift each by up to 32 KiB (64-byte steps)
+    const size_t colour = (size_t(i * L.threads_per_block + t) * 2654435761u >> 17) & 0x7fc0u;
+    fiber_prepare(f, lo, L.stack_bytes - colour);
     push(f);
   }
   L.live += L.threads_per_block;
   L.fibers_started += L.threads_per_block;
 }
 
-// Run the queue until it is empty. Returns normally when every live fiber exited.
+// Run block turns until no block has runnable fibers. Returns normally when every live fiber exited.
+inline void pass_end() {
+  Launch& L = g_launch;
+  ++L.rounds;
+  L.vclock += ROUND_NS;
+  if (L.progress) {
+    L.idle_ns = 0; L.jump_ns = 0;
+  } else {
+    L.jump_ns = L.jump_ns ? (L.jump_ns < 64000000000ull ? L.jump_ns * 2 : L.jump_ns) : 1000;
+    L.vclock += L.jump_ns;
+    L.idle_ns += L.jump_ns;
+    if (L.idle_ns > SPIN_LIMIT_NS)
+      sched_fail(RC_DEADLOCK, "livelock: only spinning threads for " + std::to_string(L.idle_ns / 1000000000ull) +
+                 " s of virtual time without progress; where every thread waits:\n" + waiting_report());
+  }
+  L.progress = false;
+  L.round_left = L.bq_size;
+}
+
 inline void run_queue() {
   Launch& L = g_launch;
-  L.round_left = L.qsize;
+  L.round_left = L.bq_size;
   L.progress = false;
-  while (L.qsize) {
-    Fiber* f = pop();
-    switch_to_fiber(f);
-    after_yield(f);
-    if ((++L.resumes & 255) == 0 && wall_elapsed() > L.wall_limit_s) {
-      char buf[128];
-      snprintf(buf, sizeof buf, "wall-clock limit of %.1f s reached; where every thread waits:\n", L.wall_limit_s);
-      sched_fail(RC_DEADLOCK, buf + waiting_report());
-    }
-    if (--L.round_left == 0 || L.qsize == 0) {
-      ++L.rounds;
-      L.vclock += ROUND_NS;
-      if (L.progress) {
-        L.idle_ns = 0; L.jump_ns = 0;
-      } else {
-        L.jump_ns = L.jump_ns ? (L.jump_ns < 64000000000ull ? L.jump_ns * 2 : L.jump_ns) : 1000;
-        L.vclock += L.jump_ns;
-        L.idle_ns += L.jump_ns;
-        if (L.idle_ns > SPIN_LIMIT_NS)
-          sched_fail(RC_DEADLOCK, "livelock: only spinning threads for " + std::to_string(L.idle_ns / 1000000000ull) +
-                     " s of virtual time without progress; where every thread waits:\n" + waiting_report());
+  while (L.bq_size) {
+    Block* b = pop_block();
+    while (b->rq_size) {
+      Fiber* f = pop(b);
+      switch_to_fiber(f);
+      after_yield(f);
+      if ((++L.resumes & 255) == 0 && wall_elapsed() > L.wall_limit_s) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "wall-clock limit of %.1f s reached; where every thread waits:\n", L.wall_limit_s);
+        sched_fail(RC_DEADLOCK, buf + waiting_report());
       }
-      L.progress = false;
-      L.round_left = L.qsize;
     }
+    if (b->ndeferred) {  // spinning fibers: the block's next turn
+      for (unsigned k = 0; k < b->ndeferred; ++k) {
+        b->rq[(b->rq_head + b->rq_size) % L.threads_per_block] = b->deferred[k];
+        ++b->rq_size;
+      }
+      b->ndeferred = 0;
+      push_block(b);
+    } else {
+      b->queued = false;
+    }
+    if (--L.round_left == 0 || L.bq_size == 0) pass_end();
   }
   if (L.live)
     sched_fail(RC_DEADLOCK, "deadlock: no thread can continue; where every thread waits:\n" + waiting_report());
