@@ -43,7 +43,12 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#if !defined(__x86_64__)
+// the fibers' context switch: a few instructions of x86-64 assembly, or ucontext elsewhere (and
+// with -DRAMMER_EMU_UCONTEXT, to test that path)
+#if defined(__x86_64__) && !defined(RAMMER_EMU_UCONTEXT)
+#define RAMMER_EMU_ASM_SWITCH 1
+#else
+#define RAMMER_EMU_ASM_SWITCH 0
 #include <ucontext.h>
 #endif
 
@@ -79,7 +84,7 @@ struct Block;
 
 struct Fiber {
   void* sp;
-#if !defined(__x86_64__)
+#if !RAMMER_EMU_ASM_SWITCH
   ucontext_t uc;
 #endif
   Block* block;
@@ -138,7 +143,7 @@ struct Launch {
   char* stacks; size_t stack_bytes, stacks_len; bool guards; size_t nstacks;
   unsigned char* arenas; size_t arenas_len;
   void* sched_sp;
-#if !defined(__x86_64__)
+#if !RAMMER_EMU_ASM_SWITCH
   ucontext_t sched_uc;
 #endif
   void (*run)(void*); void* run_ctx;
@@ -159,7 +164,7 @@ inline Fiber* g_cur = nullptr;
 [[noreturn]] void fail(const std::string& msg);
 
 // ---------------------------------------------------------------------------- context switching
-#if defined(__x86_64__)
+#if RAMMER_EMU_ASM_SWITCH
 extern "C" void rammer_emu_switch(void** save_sp, void* load_sp);
 extern "C" void rammer_emu_trampoline();
 asm(R"(
@@ -202,7 +207,7 @@ void fiber_main(Fiber* f);
 inline void fiber_prepare(Fiber* f, char* lo, size_t bytes) {
   f->stack_lo = lo;
   uintptr_t top = (reinterpret_cast<uintptr_t>(lo) + bytes) & ~uintptr_t(15);
-#if defined(__x86_64__)
+#if RAMMER_EMU_ASM_SWITCH
   // the frame rammer_emu_switch pops: r15, r14, r13, r12 (entry), rbx (argument), rbp, return
   // address (the trampoline, entered with rsp 16-byte aligned as a call expects it)
   uint64_t* s = reinterpret_cast<uint64_t*>(top);
@@ -224,7 +229,7 @@ inline void fiber_prepare(Fiber* f, char* lo, size_t bytes) {
 inline void switch_to_fiber(Fiber* f) {
   g_cur = f;
   g_launch.in_fiber = 1;
-#if defined(__x86_64__)
+#if RAMMER_EMU_ASM_SWITCH
   rammer_emu_switch(&g_launch.sched_sp, f->sp);
 #else
   swapcontext(&g_launch.sched_uc, &f->uc);
@@ -233,7 +238,7 @@ inline void switch_to_fiber(Fiber* f) {
 }
 
 inline void switch_to_scheduler(Fiber* f) {
-#if defined(__x86_64__)
+#if RAMMER_EMU_ASM_SWITCH
   rammer_emu_switch(&f->sp, g_launch.sched_sp);
 #else
   swapcontext(&f->uc, &g_launch.sched_uc);
