@@ -364,3 +364,16 @@ def test_source_rewriting_of_shared_declarations():
     assert out.count("\n") >= src.count("\n")  # line numbers kept
     with pytest.raises(EmulatorError, match="no __global__"):
         rewrite_source("int x;")
+
+
+def test_a_wait_that_never_ends_is_a_livelock_naming_the_wait(handshake):
+    program = np.array([0, 1, 9, 3], np.int32)
+    state = np.zeros(2 + cuda_helpers.STATE_WORDS, np.int32)
+    args = [program, state, np.zeros(cuda_helpers.PAGE_WORDS, np.int32), np.zeros(128, np.float32),
+            np.zeros(64, np.int32), np.int32(0), np.int64(10 ** 15)]  # a limit of 11 days
+    with pytest.raises(EmulatorDeadlock, match="livelock") as info:
+        handshake.launch("handshake", args, 2, 64, cooperative=True)
+    rows = {row["threads"]: row["what"] for row in info.value.report}
+    assert rows[(0, 0)].startswith("spinning (rammer_wait: vEU 1 waits for state[0] >= 1 (now 0))")
+    assert rows[(1, 63)].startswith("__syncthreads")  # the rest of the vEU at the closing barrier
+    assert state[2] == 0  # no fault recorded: the emulator, not the kernel, ended it
