@@ -66,6 +66,17 @@ def test_a_failed_measurement_is_not_written_and_the_next_compile_measures_again
     assert second.kernel("a")[0]["valid"] is True
 
 
+def test_a_failure_an_older_version_cached_is_measured_again(tmp_path):
+    db = JsonProfileDB(str(tmp_path / "old.json"))
+    db.put("kernel", "a", DEV, {"valid": False, "error": None, "reason": "run failed: illegal address"})
+    db.flush()
+    device = FakeDevice()
+    profiler = Profiler(JsonProfileDB(str(tmp_path / "old.json")), device, "sm_90a")
+    profiler.prepare([_job("a")])
+    assert device.measured == ["op:dlight"] and profiler.kernel("a")[0]["valid"] is True
+    assert Profiler(JsonProfileDB(str(tmp_path / "old.json")), None, "sm_90a").kernel("a")[0]["valid"]
+
+
 def test_a_wrong_output_is_a_fact_and_stays_cached(tmp_path):
     """The negative control: a version measured wrong is not a failure of the measurement."""
     path = str(tmp_path / "p.json")

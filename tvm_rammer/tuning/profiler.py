@@ -221,6 +221,8 @@ class Profiler:
                 self._warn_once(f"read {db!r}", f"tvm-rammer: profile database {getattr(db, 'path', None)} "
                                 f"unreadable ({_short(err)}): its records are not used")
                 record = None
+            if is_failure(record):  # written by an older tvm-rammer: not a fact, measure again
+                record = None
             if record is not None:
                 return record, ("profiled" if (kind, key) in self._measured else label)
         return None, None
