@@ -147,12 +147,20 @@ def _pool_offsets(body) -> dict:
     """{shared buffer Var: byte offset in the pool}, each 16-byte aligned, in allocation order
     (static and dynamic shared buffers alike: the pool serves both)."""
     offsets, offset = {}, 0
-    allocs = []
+    allocs, decls = [], []
     tvm_ffi.structural_walk(body, (tirx.AllocBuffer, allocs.append))
+    tvm_ffi.structural_walk(body, (tirx.DeclBuffer, decls.append))
     for alloc in allocs:
         if alloc.buffer.scope() in SHARED_SCOPES:
             offsets[alloc.buffer] = offset
             offset += aligned_bytes(alloc.buffer)
+    # views StorageRewrite declares on a shared allocation (another dtype or shape on the same
+    # memory, e.g. the accumulator tile reusing an operand tile) live at that allocation's offset
+    for decl in decls:
+        data = decl.data
+        base = data.args[0] if isinstance(data, tvm.ir.Call) and len(data.args) == 1 else None
+        if base is not None and base in offsets and decl.buffer not in offsets:
+            offsets[decl.buffer] = offsets[base]
     return offsets
 
 
