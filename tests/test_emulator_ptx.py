@@ -304,7 +304,8 @@ def _no_asm_left(text):
     return not any(s.active is not False for s in ptx.find_asm(text))
 
 
-@pytest.mark.parametrize("snippet", [LDMATRIX, MMA, CP_ASYNC_PRED, COMMIT_WAIT])
+@pytest.mark.parametrize("snippet", [LDMATRIX, MMA, CP_ASYNC_PRED, COMMIT_WAIT],
+                         ids=["ldmatrix", "mma", "cp_async_pred", "commit_wait"])
 def test_tvms_asm_is_translated_on_the_same_lines(snippet):
     body = ptx.translate(snippet)
     assert body.count("\n") == snippet.count("\n")  # diagnostics keep their line numbers
@@ -689,11 +690,16 @@ def _run_tensor_core_kernel(source, kernel, func, seed=0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, config", [("matmul", (2, 2, 2, 2, 32)), ("dense_b8", (1, 1, 1, 1, 64))])
+@pytest.mark.parametrize("name, config", [("matmul", (2, 2, 2, 2, 32)), ("dense_b8", (1, 1, 1, 1, 64)),
+                                          ("matmul", (1, 2, 2, 2, 32))])
 def test_a_tvm_built_tensor_core_rkernel_runs_in_the_emulator(name, config):
     """A float16 tensor-core version of mma_templates (ldmatrix.x4 + mma m16n8k16 f32 per warp,
     shared tiles, fused bias + ReLU) built by TVM, run on the CPU, against numpy at float16
-    tolerance; with two A registers swapped in its mma asm the same comparison fails."""
+    tolerance; with two A registers swapped in its mma asm the same comparison fails.
+
+    (1, 2, 2, 2, 32): StorageRewrite declares views on the B tile (the accumulator tile reuses its
+    memory); rtask_rewrite placed them at pool offset 0, over the A tiles, until views took their
+    allocation's offset (every output was wrong, on a GPU too)."""
     source, kernel, func = _tensor_core_kernel(name, config)
     kinds = {ptx._instructions(s.template)[0].split("{")[0].split()[0]
              for s in ptx.find_asm(source) if not ptx._parse_statement(s, source) and s.template}
