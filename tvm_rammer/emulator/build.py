@@ -45,8 +45,13 @@ LSTM-TC (TVM default, 18 kernels)    15 KB    1.1 s / 1.5 s           1.9 s / 2.
 AlexNet (rammer, 1 kernel)           673 KB   4.3 s / 1.5 s           7.9 s / 0.8 s
 SqueezeNet (rammer, 1 kernel)        2.3 MB   9.9 s / 22 s            23.7 s / 2.8 s
 SqueezeNet (TVM default, 27)         2.0 MB   8.3 s / 1.1 s           10.0 s / 0.5 s
-NASNet-CIFAR (rammer, 1 kernel)      2.9 MB   17.8 s / 417 s          see NASNET_O1
+NASNet-CIFAR (rammer, 1 kernel)      2.9 MB   17.8 s / 417 s          28.7 s / 300 s (*)
+GoogLeNet (rammer, 1 kernel)         6.4 MB   not run                 63.8 s / 0.9 s
 ==================================  =======  ======================  ======================
+
+(*) with the first scheduler (one FIFO of fibers). Blocks taking turns (rammer_emu_runtime.h)
+brought NASNet's run to 47 s wall / 12.7 s CPU at -O1 (528 vEUs x 256 threads, 241 M fiber
+resumes: about 53 ns each, context switch and barrier bookkeeping included).
 
 -O0 loses on every large persistent kernel: the one function holding every rKernel body gets a
 stack frame of 130-165 KB at -O0 (one slot per local of every body; 7 KB at -O1), which each of
