@@ -5,6 +5,7 @@ the dispatch that makes ``tvm.compile(mod, target=<rammer target>)`` use it.
 """
 
 from .config import RammerConfig
+from .emulator import emulate  # CUDA on the CPU (tvm_rammer/emulator/)
 from .frontend import compile, import_onnx, lower  # noqa: A004
 from .pipeline import install, rammer_pipeline
 from .target import is_rammer_target, rammer_target
@@ -12,5 +13,5 @@ from .version import __version__
 
 install()
 
-__all__ = ["__version__", "RammerConfig", "compile", "import_onnx", "lower", "rammer_pipeline",
+__all__ = ["__version__", "RammerConfig", "emulate", "compile", "import_onnx", "lower", "rammer_pipeline",
            "rammer_target", "is_rammer_target", "install"]

@@ -263,6 +263,8 @@ def cmd_run(args) -> int:
     config = _config(args)
     if args.record_in_context and not args.timeline:
         raise ValueError("--record-in-context records what --timeline measures; add --timeline OUT")
+    if args.emulate:
+        return _run_emulated(args, config)
     result = runner.run_model(args.model, args.target, config, runs=args.runs, seed=args.seed)
     timelines = None
     if args.timeline:
@@ -277,6 +279,23 @@ def cmd_run(args) -> int:
     print(json.dumps(result, indent=1) if args.json else runner.format_result(result))
     if timelines and not args.json:
         print(_format_shares(timelines))
+    return 0 if result["ok"] else 1
+
+
+def _run_emulated(args, config) -> int:
+    """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.emulator.run)."""
+    from . import faults
+    from .emulator import run as emulated
+
+    if args.timeline:
+        raise ValueError("--timeline measures on a GPU; --emulate runs on the CPU emulator, whose "
+                         "times are not GPU times: drop one of them")
+    try:
+        result = emulated.run_model(args.model, args.target, config, seed=args.seed)
+    except faults.KernelFault as err:
+        print(f"tvm-rammer: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1) if args.json else emulated.format_result(result))
     return 0 if result["ok"] else 1
 
 
@@ -392,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-in-context", action="store_true",
                    help="with --timeline: write the measured in-context rTask times to the profile "
                         "database (--profile-db or the per-user cache), kind 'in_context'")
+    p.add_argument("--emulate", action="store_true",
+                   help="run the generated CUDA on the CPU emulator instead of a GPU (needs a C++ "
+                        "compiler; reports errors and emulated wall seconds, not GPU latencies)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("demo", help="the main job: compile the bundled 16-branch model, print its "
                                     "schedule, run and check it when a GPU is present")

@@ -94,7 +94,8 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
     (without it: with TVM's default pipeline's outputs; ``result["reference"]`` says which).
     ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.shapes.bind_shapes``)."""
     if not gpu_available():
-        raise ValueError("no CUDA GPU is visible; `tvm-rammer inspect` shows the schedule without one")
+        raise ValueError("no CUDA GPU is visible; `tvm-rammer run MODEL --emulate` runs the model "
+                         "on the CPU emulator, `tvm-rammer inspect` shows the schedule")
     proto = bind_shapes(load_onnx(model), shapes, batch)
     mod = import_onnx(proto)
     feeds = random_inputs(proto, seed)
@@ -214,6 +215,22 @@ def format_result(result: dict) -> str:
             f"speedup {result['speedup']:.2f}x  {'OK' if result['ok'] else 'MISMATCH'}")
 
 
+def _demo_emulated(model, target, config) -> int:
+    """The demo without a GPU: run it on the CPU emulator (a C++ compiler needed) and check it."""
+    import shutil
+
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        print("no CUDA GPU and no C++ compiler here: compiled and scheduled only (install g++ to "
+              "run the demo on the CPU emulator, or run `tvm-rammer run` on a GPU)")
+        return 0
+    from .emulator import run as emulated
+
+    print("no CUDA GPU here: running the generated CUDA on the CPU emulator")
+    result = emulated.run_model(model, target, config)
+    print(emulated.format_result(result))
+    return 0 if result["ok"] else 1
+
+
 def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     """The main job: the bundled branch model's schedule; run and check when a GPU is present."""
     from .inspection import inspect_model
@@ -225,8 +242,7 @@ def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     print(f"model: {branches} parallel GEMV [1,256]x[256,256] + ReLU branches joined by Sum")
     print(format_schedule(summary))
     if not gpu_available():
-        print("no CUDA GPU here: compiled and scheduled only (run `tvm-rammer run` on a GPU)")
-        return 0
+        return _demo_emulated(model, target, config)
     result = run_model(model, target, config)
     print(format_result(result))
     return 0 if result["ok"] else 1

@@ -1,0 +1,229 @@
+"""The emulator driver end to end: compiled models' CUDA run on the CPU against onnxruntime.
+
+``tvm_rammer.emulate`` compiles as ``tvm.compile`` does (the same CUDA source), describes every
+launch, runs the finalized Relax ``main`` with each kernel launch on the C++ emulator, and raises
+``KernelFault`` from the module's own fault page. Negative controls: the waits removed from a
+program table give a wrong result; an unsatisfiable barrier is reported, not hung.
+
+Each test prints one ``EMU`` line (model, max rel err vs onnxruntime, emulated wall s, g++ s);
+``pytest -s`` shows them.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+
+from tvm_rammer import RammerConfig, faults
+from tvm_rammer.codegen.persistent import BARRIER_KIND, INST_WORDS
+from tvm_rammer.models import get_model
+from tvm_rammer.numerics import relative_error
+from tvm_rammer.runner import onnx_reference, random_inputs
+
+pytestmark = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
+    reason="the emulator builds kernels with a C++ compiler (none on PATH)")
+
+TOL = 1e-4
+REDUCED = {  # small versions of zoo models (tvm-rammer model --help)
+    "lstm_tc": dict(seq_len=4, input_size=32, hidden=32, layers=2),
+    "squeezenet": dict(image_size=32, width=0.25, num_classes=10),
+    "nasnet_cifar": dict(num_cells=1, num_conv_filters=4, image_size=8),
+}
+# the vDevice each runs on: the preset one (None) or a small one where the preset's vEUs (hundreds
+# of 256-thread blocks, every thread a fiber) would make the emulation slow
+VDEVICE = {"lstm_tc": None, "squeezenet": None,
+           "nasnet_cifar": RammerConfig(num_sms=2, veus_per_sm=2)}
+
+
+def _emulator():
+    from tvm_rammer import emulator
+    return emulator
+
+
+def _check(name, proto, result, feeds=None, seed=0):
+    """Max relative error of ``result`` against onnxruntime; prints the EMU line."""
+    feeds = feeds if feeds is not None else random_inputs(proto, seed)
+    ref = onnx_reference(proto, feeds)
+    assert len(result.outputs) == len(ref)
+    err = max(relative_error(o, r) for o, r in zip(result.outputs, ref))
+    print(f"\nEMU {name}: max rel err {err:.2e}, emulated {result.emulated_wall_s:.2f} s, "
+          f"g++ {result.gxx_seconds:.1f} s, build {result.build_seconds:.1f} s, "
+          f"{len(result.launches)} launches")
+    return err
+
+
+@pytest.fixture(scope="module")
+def branches():
+    return get_model("branches", n=16)
+
+
+@pytest.fixture(scope="module")
+def branches_build(branches):
+    """The demo model at its preset vDevice (one build shared by the tests that only run it)."""
+    return _emulator().emulation_build(branches)
+
+
+# --- compile-for-emulation ------------------------------------------------------------------------
+
+def test_emulation_build_generates_what_tvm_compile_does():
+    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.target import plain_target, resolve_target
+
+    proto = get_model("lstm_tc", **REDUCED["lstm_tc"])
+    callback = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    build = _emulator().emulation_build(proto, pipeline="default")
+    after = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    assert (after is None) if callback is None else callback.same_as(after)  # restored
+    ex = tvm.compile(import_onnx(proto), target=plain_target(resolve_target("rammer/nvidia-h100")),
+                     relax_pipeline="default")
+    cuda = [i for m in ex.mod.imports for i in m.imports if i.kind == "cuda"]  # VM -> host -> cuda
+    assert len(cuda) == 1 and cuda[0].inspect_source() == build.cuda_source
+    launched = {launch.kernel for launch in build.launches()}
+    assert launched == set(build.kernels)  # every kernel of the source is launched, nothing else
+
+
+def test_launch_description_of_a_persistent_kernel(branches_build):
+    build = branches_build
+    (launch,) = build.launches()
+    func = build.relax_mod[launch.func]
+    manifest = json.loads(str(func.attrs["rammer.manifest"]))
+    assert launch.cooperative and launch.grid == (int(func.attrs["rammer.num_veus"]), 1, 1)
+    assert launch.block == (int(func.attrs["rammer.veu_threads"]), 1, 1)
+    roles = {p.role: p for p in launch.params}
+    assert set(roles) == {"input", "output", "weights", "table", "fault_page", "work", "state"}
+    np.testing.assert_array_equal(roles["table"].constant, manifest["table"])
+    page = roles["fault_page"].constant
+    np.testing.assert_array_equal(page, faults.empty_page())
+    assert roles["state"].nbytes == 4 * int(func.attrs["rammer.state_words"])
+    assert roles["input"].shape == (1, 256) and roles["weights"].nbytes == 16 * 256 * 256 * 4
+    assert json.loads(json.dumps(build.launches_json()))[0]["kernel"] == launch.kernel
+
+
+def test_ordinary_kernels_read_inputs_and_write_outputs():
+    proto = get_model("lstm_tc", **REDUCED["lstm_tc"])
+    build = _emulator().emulation_build(proto, pipeline="default")
+    for launch in build.launches():
+        roles = [p.role for p in launch.params]
+        assert set(roles) <= {"input", "output", "scalar"} and "output" in roles, launch.to_json()
+        assert not launch.cooperative
+        for p in launch.params:
+            if p.constant is not None:
+                assert p.role == "input"  # a kernel never writes a weight
+
+
+# --- numerics against onnxruntime -----------------------------------------------------------------
+
+def test_demo_model_at_its_preset_vdevice(branches, branches_build):
+    result = _emulator().emulate(branches_build)
+    assert _check("branches16 (preset vDevice)", branches, result) <= TOL
+    assert len(result.launches) == 1 and result.launches[0].cooperative
+
+
+def test_demo_model_on_two_sms_one_veu_each(branches):
+    config = RammerConfig(num_sms=2, veus_per_sm=1)
+    result = _emulator().emulate(branches, config=config)
+    (launch,) = result.build.launches()
+    assert launch.grid == (2, 1, 1)
+    assert _check("branches16 (2 SMs x 1 vEU)", branches, result) <= TOL
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_reduced_zoo_model(name):
+    proto = get_model(name, **REDUCED[name])
+    result = _emulator().emulate(proto, config=VDEVICE[name])
+    assert len(result.launches) == 1  # one rProgram
+    assert _check(f"{name} (reduced)", proto, result) <= TOL
+
+
+def test_tvm_default_pipeline_emulated():
+    proto = get_model("squeezenet", **REDUCED["squeezenet"])
+    result = _emulator().emulate(proto, pipeline="default")
+    assert len(result.launches) > 1 and not any(r.cooperative for r in result.launches)
+    assert _check("squeezenet (reduced), TVM default pipeline", proto, result) <= TOL
+
+
+def test_inputs_by_name_and_errors(branches_build):
+    emulator = _emulator()
+    feeds = random_inputs(branches_build.onnx, seed=3)
+    by_name = emulator.emulate(branches_build, feeds)
+    by_order = emulator.emulate(branches_build, [feeds["input"]])
+    np.testing.assert_array_equal(by_name.outputs[0], by_order.outputs[0])
+    with pytest.raises(ValueError, match=r"inputs are \['input'\]; unknown \['x'\]"):
+        emulator.emulate(branches_build, {"x": feeds["input"]})
+    with pytest.raises(ValueError, match="takes 1 inputs"):
+        emulator.emulate(branches_build, [feeds["input"], feeds["input"]])
+    with pytest.raises(ValueError, match="dtype float64"):
+        emulator.emulate(branches_build, [feeds["input"].astype("float64")])
+
+
+def test_cli_run_emulate_json(tmp_path, capsys):
+    from tvm_rammer.cli import main
+
+    path = tmp_path / "b2.onnx"
+    import onnx
+    onnx.save(get_model("branches", n=2), str(path))
+    code = main(["run", str(path), "--emulate", "--json", "--num-sms", "2", "--veus-per-sm", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"] and out["device"] == "emulator"
+    assert out["reference"] == "onnxruntime"
+    for label in ("rammer", "default"):
+        assert out[label]["max_rel_err"] <= TOL and out[label]["emulated_wall_s"] > 0
+        assert "latency_us" not in out[label]  # emulated seconds are no GPU latency
+    assert out["rammer"]["launches"] == 1 and out["default"]["launches"] == 3
+    print(f"\nEMU branches2 via CLI: rammer {out['rammer']}, default {out['default']}")
+
+
+# --- faults and negative controls -----------------------------------------------------------------
+
+def test_injected_fault_is_decoded_from_the_emulated_page(branches):
+    config = RammerConfig(num_sms=2, veus_per_sm=1, wait_timeout_ms=5.0,
+                          extra={faults.INJECT_KEY: True})
+    with pytest.raises(faults.KernelFault, match=r"rammer_rprogram0: vEU \d+ waited more than 5 ms"
+                                                 r" \(timed out\)") as caught:
+        _emulator().emulate(branches, config=config)
+    record = caught.value.record
+    assert record["kernel"] == "rammer_rprogram0" and record["awaited_step"] == 10 ** 9
+    print(f"\nEMU injected fault: {record}, emulated {caught.value.result.emulated_wall_s:.2f} s")
+
+
+def _without_waits(table: np.ndarray, num_veus: int) -> int:
+    """Set every barrier-rTask's wait count to 0 in ``table`` (in place); how many there were."""
+    removed = 0
+    base = num_veus + 1
+    for i in range(int(table[num_veus])):
+        at = base + INST_WORDS * i
+        if table[at] == BARRIER_KIND and table[at + 2] > 0:
+            table[at + 2] = 0
+            removed += 1
+    return removed
+
+
+def test_waits_removed_from_the_table_give_a_wrong_result():
+    from tvm_rammer.emulator.interpret import Interpreter
+
+    proto = get_model("lstm_tc", **REDUCED["lstm_tc"])
+    emulator = _emulator()
+    build = emulator.emulation_build(proto, config=RammerConfig(num_sms=2, veus_per_sm=2))
+    feeds = random_inputs(proto, 0)
+    args = [feeds[n] for n in build.input_names]
+    ref = onnx_reference(proto, feeds)
+    errors = {}
+    for waits in (True, False):
+        run = Interpreter(build, build.emulated(), order="reverse")
+        removed = 0
+        for launch in build.launches():
+            table = launch.param("table")
+            if table is not None and not waits:
+                removed += _without_waits(run.constant(table.relax_const), launch.grid[0])
+        out = run(*args)
+        out = out if isinstance(out, tuple) else (out,)
+        errors[waits] = max(relative_error(o, r) for o, r in zip(out, ref))
+        if not waits:
+            assert removed > 0
+    print(f"\nEMU lstm_tc waits kept: err {errors[True]:.2e}; waits removed: err {errors[False]:.2e}")
+    assert errors[True] <= TOL
+    assert errors[False] > 1e-2
