@@ -4,7 +4,21 @@
 asm statement it knows rewritten into C++ (one ``do { ... } while (0)`` block per statement, on as
 many lines as the statement had, so compiler diagnostics keep their line numbers). Every asm
 statement with PTX it does not know raises :class:`EmulatorError` quoting the statement: the
-emulator never compiles PTX it cannot run, and never silently skips it.
+emulator never compiles PTX it cannot run, and never silently skips it. The calls need
+``rammer_emu_mma.h``, which the build's force-included ``rammer_emu.h`` includes after the runtime
+(the header's warp collectives are ``rammer_emu::warp_collective`` groups, one static site object
+per translated statement). ``build.py`` runs :func:`translate` after its own rewrite of named
+barriers (``bar.sync``); the other asm of tvm-rammer's helpers sits in ``#else`` branches of
+``#ifdef RAMMER_EMULATE`` and is never translated (without such a branch it is refused).
+
+Inventory (TVM 0.27, sm_90a): the fp16 tensor-core rKernel versions of
+``tir_templates/mma_templates.py`` (every version of conv_s2, conv_11x11_s4, conv_1x1, grouped,
+matmul, dense_b8) emit only ``ldmatrix.sync.aligned.m8n8.x4.shared.b16`` and
+``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``; with asynchronous pipeline stages
+(``software_pipeline_async_stages``, not used by our templates) TVM adds ``cp.async.cg.shared.global``
+(16 bytes), ``cp.async.commit_group`` and ``cp.async.wait_group N``; TVM's default pipeline on the
+fp16 models (alexnet, resnext29, branches, lstm_tc, two_branch, a 256^3 matmul) emits no asm (its
+preamble includes ``<mma.h>``, a fake header here: the wmma API is not emulated).
 
 Known PTX (what TVM's CUDA code generation emits for tensor cores and its asynchronous copies):
 ``ldmatrix.sync.aligned.m8n8.x1/.x2/.x4{.trans}.shared{::cta}.b16``;
@@ -23,7 +37,8 @@ Preprocessor conditionals (the choice the issue asks to state): the source is no
 the C preprocessor (that would pull system headers, with their ``__asm__("" "symbol")`` renames,
 into the text). Instead the ``#if/#ifdef/#ifndef/#elif/#else/#endif`` lines are evaluated with
 three-valued logic: ``defines`` (default ``{"RAMMER_EMULATE": "1"}``, what the emulator's build
-defines) and ``undefined`` (default: none) are known, ``#define``/``#undef`` lines of the source
+defines; the fake CUDA headers also define ``__CUDA_ARCH__`` 900 and ``__CUDACC_VER_*`` 12.8, which
+a caller may pass) and ``undefined`` (default: none) are known, ``#define``/``#undef`` lines of the source
 are tracked, every other macro (``__CUDA_ARCH__``, ``__CUDACC_VER_MAJOR__``, ...) is unknown. An
 asm statement in a region known to be inactive (the ``#else`` of ``#ifdef RAMMER_EMULATE`` in
 tvm_rammer/codegen/cuda_helpers.py) is left alone; one in an active or unknown region is
