@@ -377,3 +377,16 @@ def test_a_wait_that_never_ends_is_a_livelock_naming_the_wait(handshake):
     assert rows[(0, 0)].startswith("spinning (rammer_wait: vEU 1 waits for state[0] >= 1 (now 0))")
     assert rows[(1, 63)].startswith("__syncthreads")  # the rest of the vEU at the closing barrier
     assert state[2] == 0  # no fault recorded: the emulator, not the kernel, ended it
+
+
+def test_shared_in_comments_and_strings_is_left_alone():
+    src = ('extern "C" __global__ void k(float* y) {\n'
+           '  // a __shared__ buffer would go here; it does not\n'
+           '  const char* s = "__shared__ int x;";\n'
+           '  __shared__ float t[4];\n'
+           '}\n')
+    out, _ = rewrite_source(src)
+    assert "// a __shared__ buffer would go here; it does not" in out
+    assert '"__shared__ int x;"' in out and "float* t = static_cast<float*>" in out
+    with pytest.raises(EmulatorError, match="file-scope __shared__"):
+        rewrite_source('__shared__ int g;\nextern "C" __global__ void k(int* y) { y[0] = g; }\n')

@@ -123,41 +123,35 @@ def kernel_names(cuda_source: str) -> tuple:
     return tuple(names)
 
 
-def _brace_depths(source: str) -> list:
-    """Brace depth at each character (strings, character literals and comments skipped)."""
-    depth, out, i, n = 0, [0] * (len(source) + 1), 0, len(source)
+def _code_only(source: str) -> str:
+    """``source`` with comments and the insides of string and character literals blanked (same
+    length, newlines kept), so declarations are only found in code."""
+    out, i, n = list(source), 0, len(source)
     while i < n:
         ch = source[i]
         if ch in "\"'":
             j = i + 1
-            while j < n and source[j] != ch:
+            while j < n and source[j] != ch and source[j] != "\n":
                 j += 2 if source[j] == "\\" else 1
-            for k in range(i, min(j + 1, n)):
-                out[k] = depth
+            for k in range(i + 1, min(j, n)):
+                if out[k] != "\n":
+                    out[k] = " "
             i = j + 1
-            continue
-        if source.startswith("//", i):
+        elif source.startswith("//", i):
             j = source.find("\n", i)
             j = n if j < 0 else j
-            for k in range(i, j):
-                out[k] = depth
+            out[i:j] = " " * (j - i)
             i = j
-            continue
-        if source.startswith("/*", i):
+        elif source.startswith("/*", i):
             j = source.find("*/", i + 2)
             j = n if j < 0 else j + 2
             for k in range(i, j):
-                out[k] = depth
+                if out[k] != "\n":
+                    out[k] = " "
             i = j
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-        out[i] = depth
-        i += 1
-    out[n] = depth
-    return out
+        else:
+            i += 1
+    return "".join(out)
 
 
 def _line_of(source: str, pos: int) -> int:
@@ -165,17 +159,17 @@ def _line_of(source: str, pos: int) -> int:
 
 
 def _rewrite_shared(source: str) -> str:
-    depths = None
-    out, pos, site = [], 0, 0
-    for m in _SHARED.finditer(source):
+    code = _code_only(source)
+    out, pos, site, depth, scanned = [], 0, 0, 0, 0
+    for m in _SHARED.finditer(code):
         decl = m.group(2)
+        depth += code.count("{", scanned, m.start()) - code.count("}", scanned, m.start())
+        scanned = m.start()
         if "(" in _ALIGN.sub("", decl) or "=" in decl or "," in decl:
             raise EmulatorError(f"cannot rewrite the __shared__ declaration at line "
                                 f"{_line_of(source, m.start())} for the emulator (one declarator, "
                                 f"no initializer): {m.group(0)!r}")
-        if depths is None:
-            depths = _brace_depths(source)
-        if depths[m.start()] == 0:
+        if depth == 0:
             raise EmulatorError(f"file-scope __shared__ variable at line {_line_of(source, m.start())} "
                                 f"is not supported by the emulator: {m.group(0)!r}")
         aligns = _ALIGN.findall(decl)
@@ -207,8 +201,6 @@ def _rewrite_shared(source: str) -> str:
         out.append(source[pos:m.start()])
         out.append(text + "\n" * m.group(0).count("\n"))
         pos = m.end()
-    if site > 256:
-        raise EmulatorError(f"{site} __shared__ declarations; the emulator supports 256 per module")
     out.append(source[pos:])
     return "".join(out)
 

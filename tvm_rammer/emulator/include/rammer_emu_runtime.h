@@ -64,7 +64,7 @@ enum : int { ST_RUNNABLE = 0, ST_BARRIER, ST_ARRIVE, ST_COLLECTIVE, ST_GRID, ST_
 enum : int { RC_OK = 0, RC_DEADLOCK = 1, RC_ERROR = 2, RC_UNKNOWN_KERNEL = 3 };
 
 constexpr int NUM_BARRIERS = 16;
-constexpr int MAX_SHARED_SITES = 256;
+constexpr int MAX_SHARED_SITES = 64;   // distinct __shared__ declarations one block reaches
 constexpr uint64_t ROUND_NS = 100;                 // virtual ns per scheduling round
 constexpr uint64_t SPIN_LIMIT_NS = 600ull * 1000000000ull;  // idle spinning before "deadlock"
 constexpr size_t SHARED_CAPACITY = 232448;          // 227 KiB: H100's per-block maximum
@@ -127,6 +127,7 @@ struct Block {
   Fiber** rq; unsigned rq_head, rq_size;   // runnable fibers of the block
   Fiber** deferred; unsigned ndeferred;   // spinning fibers waiting for the block's next turn
   bool queued;                            // in the block FIFO or having its turn
+  int site_key[MAX_SHARED_SITES];        // declaration ids (build.py numbers them), -1 = free
   int64_t site_off[MAX_SHARED_SITES];
 };
 
@@ -321,7 +322,12 @@ inline void warp_collective(const void* site, unsigned mask, const void* in, voi
 // address. Fresh memory is filled with 0xff (NaN / -1) so reads of unwritten shared memory show.
 inline void* shared_static(int site, size_t bytes, size_t align) {
   Block* b = g_cur->block;
-  if (site < 0 || site >= MAX_SHARED_SITES) fail("too many __shared__ declarations");
+  int slot = site % MAX_SHARED_SITES;
+  for (int probe = 0; b->site_key[slot] != site; ++probe, slot = (slot + 1) % MAX_SHARED_SITES) {
+    if (b->site_key[slot] < 0) { b->site_key[slot] = site; b->site_off[slot] = -1; break; }
+    if (probe == MAX_SHARED_SITES) fail("a block reached more than 64 distinct __shared__ declarations");
+  }
+  site = slot;
   if (b->site_off[site] < 0) {
     if (align < 16) align = 16;
     size_t off = (b->smem_used + align - 1) & ~(align - 1);
@@ -741,7 +747,7 @@ inline void start_block(unsigned i, unsigned linear) {
   b->exited = 0;
   b->rq_head = 0; b->rq_size = 0; b->ndeferred = 0; b->queued = false;
   for (int k = 0; k < NUM_BARRIERS; ++k) b->bars[k] = Barrier{0, 0, 0, 0, 1, 0};
-  for (int k = 0; k < MAX_SHARED_SITES; ++k) b->site_off[k] = -1;
+  for (int k = 0; k < MAX_SHARED_SITES; ++k) { b->site_key[k] = -1; b->site_off[k] = -1; }
   b->smem_used = L.dyn_smem;
   if (L.dyn_smem) memset(b->smem, 0xff, L.dyn_smem);
   for (unsigned w = 0; w < L.warps_per_block; ++w) {
