@@ -47,6 +47,8 @@ SqueezeNet (rammer, 1 kernel)        2.3 MB   9.9 s / 22 s            23.7 s / 2
 SqueezeNet (TVM default, 27)         2.0 MB   8.3 s / 1.1 s           10.0 s / 0.5 s
 NASNet-CIFAR (rammer, 1 kernel)      2.9 MB   17.8 s / 417 s          28.7 s / 300 s (*)
 GoogLeNet (rammer, 1 kernel)         6.4 MB   not run                 63.8 s / 0.9 s
+GoogLeNet (TVM default, 71 kernels)  5.4 MB   53.5 s / 4.9 s          45.4 s / 1.2 s
+AlexNet (TVM default, 12 kernels)    594 KB   9.7 s / 1.0 s           4.8 s / 0.2 s
 ==================================  =======  ======================  ======================
 
 (*) with the first scheduler (one FIFO of fibers). Blocks taking turns (rammer_emu_runtime.h)
