@@ -588,7 +588,9 @@ extern "C" __global__ void __launch_bounds__(64) ldg32(float* __restrict__ x, fl
   out[t] = v;
   unsigned lane;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
-  lanes[t] = lane;
+  // translated statements stay single statements (if / else without braces)
+  if (t < 0) asm volatile("" : "+r"(lane) :: "memory"); else lanes[t] = lane;
+  if (t < 0) asm volatile("cp.async.wait_all;" ::: "memory"); else lanes[t] += 0;
 }
 '''
 

@@ -898,7 +898,7 @@ def _translate_one(stmt: AsmStatement, counter: list) -> str:
     names = {op.name: k for k, op in enumerate(operands) if op.name}
     ctx = _Ctx(stmt, operands, names, counter)
     if not stmt.template.strip():  # an empty template: a compiler barrier, valid on any target
-        return 'asm volatile("" ::: "memory");'
+        return 'asm volatile("" ::: "memory")'
     body = []
     for k, op in enumerate(operands):
         ctype = _C_TYPES.get(op.letter)
