@@ -396,6 +396,7 @@ def test_directives_inside_an_asm_statement_keep_both_branches():
 '''
     out = ptx.translate(source)
     assert out.count("rammer_emu_mma::cp_async(") == 2 and "#if TVM_ENABLE_L2_PREFETCH" in out
+    assert out.rstrip().endswith("#endif\n;")  # whichever branch, one statement ended by the source's ';'
     assert _no_asm_left(out)
 
 

@@ -961,7 +961,7 @@ def _translate_with_directives(stmt, source, directives, counter) -> str:
     head, tail = texts[0], texts[-1]
     out = ["\n", dirs[0], "\n"]
     for k in range(1, len(dirs)):
-        out.append(_branch(stmt, head + texts[k] + tail, counter) + ";\n")
+        out.append(_branch(stmt, head + texts[k] + tail, counter) + "\n")  # the source's ';' ends it
         out.append(dirs[k] + "\n")
     return "".join(out)
 
