@@ -25,6 +25,11 @@ surplus threads' out-of-range thread indices is harmless, a load is guarded
 
 Input: the statement ``tir_templates.rtask_rewrite.instantiate`` returns for a vEU exactly as wide
 as the kernel (no early exit, no named barriers); output: the same statement for a wider vEU.
+
+Each instantiation also reads its own copy of the thread index through ``rammer_opaque_tid`` (an
+empty volatile asm): otherwise LLVM hoists every body's thread-derived addresses out of the vEU's
+instruction loop and keeps them all live at once (reduced AlexNet's persistent kernel: 440 VGPRs,
+294 with the opaque copy; its rKernels alone use at most 106).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import tvm_ffi
 from tvm import tirx
 
 from tir_templates.prelower import SHARED_SCOPES, UnsupportedKernel
+
+from .helpers import OPAQUE_TID_NAME
 
 _SYNC_OP = tvm.ir.Op.get("tirx.tvm_storage_sync")
 _DECLARATIONS = (tirx.Bind, tirx.DeclBuffer, tirx.AllocBuffer)
@@ -177,7 +184,11 @@ def instantiate(default, kernel, data_vars, rtask_id, tid, veu_threads: int, sme
     if veu_threads < kernel.threads:
         raise ValueError(f"{kernel.name}: needs {kernel.threads} threads but the vEU has "
                          f"{veu_threads}")
-    stmt = default(kernel, data_vars, rtask_id, tid, kernel.threads, smem_pool)
-    if kernel.threads == veu_threads:
-        return stmt
-    return guard_work(stmt, tid, kernel.threads, kernel.name)
+    here = tirx.Var("tid_in_rtask", str(tid.ty.dtype))
+    stmt = default(kernel, data_vars, rtask_id, here, kernel.threads, smem_pool)
+    if kernel.threads < veu_threads:
+        stmt = guard_work(stmt, here, kernel.threads, kernel.name)
+    # the body's own copy of the thread index, opaque to LLVM (helpers.OPAQUE_TID_NAME): what
+    # the body derives from it stays in the body instead of being hoisted out of the vEU's loop
+    return _seq([tirx.Bind(here, tirx.call_extern(str(tid.ty.dtype), OPAQUE_TID_NAME, tid)),
+                 stmt])

@@ -54,9 +54,10 @@ from ..codegen.cuda_helpers import (COUNT_NAME, RECORD_NAME, SIGNAL_NAME, STATE_
 from .toolchain import Toolchain
 
 BARRIER_NAME = "rammer_amd_barrier"
+OPAQUE_TID_NAME = "rammer_opaque_tid"
 GRID_SYNC_NAME = "rammer_grid_sync"
 HELPER_NAMES = (SIGNAL_NAME, COUNT_NAME, WAIT_NAME, STOPPED_NAME, TIMER_NAME, RECORD_NAME,
-                BARRIER_NAME, GRID_SYNC_NAME)
+                BARRIER_NAME, GRID_SYNC_NAME, OPAQUE_TID_NAME)
 GRID_COUNT_WORD = 12       # fault page words the software grid barrier uses (faults.py: 0-8 used,
 GRID_GENERATION_WORD = 13  # 15 the magic)
 FAULT_GRID_TIMEOUT = 2     # fault code: the grid barrier timed out (vEUs not all resident)
@@ -180,6 +181,14 @@ void rammer_grid_sync(G int* page, int num_veus, int tid, long timeout_ns, int k
 }
 
 long rammer_globaltimer(void) { return now_ns(); }
+
+int rammer_opaque_tid(int tid) {
+  // the thread index, opaque to the optimizer: an rTask body's thread-derived values cannot be
+  // hoisted out of the vEU's instruction loop (kept live across every body, they cost hundreds
+  // of VGPRs); the empty volatile asm is not moved out of the loop
+  __asm__ volatile("" : "+v"(tid));
+  return tid;
+}
 
 void rammer_record(G long* timeline, int index, long start) {
   // caller: thread 0, after the instruction's barrier, before it publishes its step
