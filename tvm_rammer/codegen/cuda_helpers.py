@@ -23,7 +23,10 @@ the clock (past ``timeout_ns``: record the fault). The agreement after the barri
 after the closing ``__syncthreads`` (so every give-up of this vEU's threads, which set or saw that
 word before the barrier, is seen; relaxed suffices: stopping consumes no data of other vEUs); it
 replaces a shared flag and two ``__syncthreads``. Before, a barrier-rTask cost a clock read and an
-acquire per entry plus an acquire and three barriers, and a slow poll two serialized acquires.
+acquire per entry plus an acquire and three barriers, and a slow poll two serialized acquires; now
+one acquire per entry, two barriers and thread 0's load. Folding the closing ``__syncthreads`` into
+the ``__syncthreads_or`` would need ``rammer_wait`` to return its thread's give-up (a change of the
+helpers' signatures, which the AMDGPU helpers of ``tvm_rammer.rocm.helpers`` share).
 
 Operator-completion counters follow the fault record in the state (``state[num_veus +
 STATE_WORDS + k]``): each rTask of a counted operator adds 1 with a *release* reduction after its
@@ -37,8 +40,9 @@ step reached) and, when the kernel has one, in the host-mapped fault page (``tvm
 the same record plus the kernel's id and the rTask the barrier guarded, written with system-scope
 ordering and the code word last). Every other waiting vEU sees the code (within 8 polls) and stops
 waiting; after each barrier-rTask the whole vEU agrees (:data:`STOPPED_NAME`, ``__syncthreads_or``)
-whether to skip the rest of its instructions. So a wait that can never complete ends the kernel normally, the
-CUDA context stays usable, and the host raises an error naming the vEU and the rTask; no ``__trap``.
+whether to skip the rest of its instructions. So a wait that can never complete ends the kernel
+normally, the CUDA context stays usable, and the host raises an error naming the vEU and the rTask;
+no ``__trap``.
 
 These are emitted with ``tvm.backend.cuda.op.cuda_func_call``, which places the source below into
 the generated ``.cu`` file once per kernel.
