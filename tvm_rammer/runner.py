@@ -241,6 +241,10 @@ def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     summary = inspect_model(import_onnx(model), target, config)
     print(f"model: {branches} parallel GEMV [1,256]x[256,256] + ReLU branches joined by Sum")
     print(format_schedule(summary))
+    if resolve_target(target).kind.name == "rocm":  # no ROCm runtime: built and checked, not run
+        from .rocm.report import format_code_objects  # pylint: disable=import-outside-toplevel
+        print(format_code_objects(summary))
+        return 0
     if not gpu_available():
         return _demo_emulated(model, target, config)
     result = run_model(model, target, config)

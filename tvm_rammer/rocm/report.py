@@ -105,3 +105,22 @@ def problems_of(program: dict) -> list:
         found.append(f"{fits} vEUs per CU fit, the placement assumed {program['veus_per_sm']}")
     found += program["ordering"]["problems"]
     return found
+
+
+def format_code_objects(summary: dict) -> str:
+    """Lines for a human: per rProgram its code object's figures and what is wrong with it; the
+    closing line says that nothing runs (the installed TVM has no ROCm runtime)."""
+    lines = []
+    for p in summary.get("programs", []):
+        code = p.get("code_object", {})
+        problems = problems_of(p)
+        lines.append(f"  {p['kernel']}: {code.get('vgprs')} VGPRs, {code.get('sgprs')} SGPRs, "
+                     f"{code.get('lds_bytes')} B LDS, {code.get('scratch_bytes')} B scratch, "
+                     f"workgroup <= {code.get('max_flat_workgroup_size')} (vEU "
+                     f"{p['veu_threads']}), wave{code.get('wavefront_size')}, "
+                     f"{p.get('veus_per_cu_code_object')} vEUs/CU fit ({p['veus_per_sm']} placed), "
+                     f"{p['ordering']['acquires']} acquires / {p['ordering']['releases']} releases: "
+                     + ("; ".join(problems) if problems else "ok"))
+    lines.append("AMD target: built and checked on the code object; nothing runs here (TVM has no "
+                 "ROCm runtime in this installation)")
+    return "\n".join(lines)
