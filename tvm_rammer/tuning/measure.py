@@ -303,7 +303,8 @@ class CudaDevice:
 
     def _run(self, fn, *args):
         """``fn(*args)`` in the runner process, within ``run_timeout_s``. Any failure (an exception,
-        a crash, a dead CUDA context, a timeout) restarts the runner and raises RuntimeError."""
+        a crash, a dead CUDA context, a timeout) restarts the runner and raises: the job's own
+        exception, or RuntimeError ("timed out: ...", "run failed: ...") for a timeout or crash."""
         if self._runner is None:
             self._runner = _spawn_pool(1)
         try:
