@@ -96,6 +96,13 @@ extern "C" __global__ void votes(const int* __restrict__ p, uint* __restrict__ o
   out[3 + threadIdx.x] = (uint)x;
 }
 
+extern "C" __global__ void sync_votes(const int* __restrict__ p, int* __restrict__ out) {
+  const int c = __syncthreads_count(p[threadIdx.x] > 0);
+  const int a = __syncthreads_and(p[threadIdx.x] >= 0);
+  const int o = __syncthreads_or(p[threadIdx.x] > 5);
+  out[threadIdx.x] = c * 100 + a * 10 + o;
+}
+
 extern "C" __global__ void histogram(const int* __restrict__ keys, int* __restrict__ counts,
                                      float* __restrict__ total, int* __restrict__ biggest, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -211,6 +218,17 @@ def test_votes_and_xor_shuffle(mod):
     mod.launch("votes", [p, out], 1, 32)
     assert out[0] == (1 << 3) | (1 << 7) | (1 << 30) and out[1] == 1 and out[2] == 1
     assert (out[3:] == np.arange(32) ^ 1).all()
+
+
+def test_syncthreads_count_and_or(mod):
+    p = np.zeros(96, np.int32)
+    p[[1, 40, 90]] = [1, 2, 7]
+    out = np.zeros(96, np.int32)
+    mod.launch("sync_votes", [p, out], 1, 96)
+    assert (out == 3 * 100 + 10 + 1).all()
+    p[5] = -1
+    mod.launch("sync_votes", [p, out], 1, 96)
+    assert (out == 3 * 100 + 0 + 1).all()
 
 
 def test_atomics_across_blocks(mod):
