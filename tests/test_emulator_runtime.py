@@ -176,6 +176,19 @@ def test_kernel_names_and_signatures(mod):
         mod.launch("block_sum", [np.zeros(4, np.float32)], 1, 128)
     with pytest.raises(ValueError, match="unknown kernel 'nope'"):
         mod.launch("nope", [], 1, 1)
+    args = [np.zeros(4, np.float32), np.zeros(4, np.float32), np.int32(4)]
+    with pytest.raises(ValueError, match="1 to 3 positive extents"):
+        mod.launch("block_sum", args, (0,), 128)
+    with pytest.raises(ValueError, match="at most 1024 threads"):
+        mod.launch("block_sum", args, 1, (64, 32))
+    with pytest.raises(TypeError, match="argument 2 must be a int32 scalar"):
+        mod.launch("block_sum", args[:2] + [np.float32(4)], 1, 128)
+    with pytest.raises(ValueError, match="does not fit int32"):
+        mod.launch("block_sum", args[:2] + [np.int64(1 << 40)], 1, 128)
+    with pytest.raises(ValueError, match="order='sideways'"):
+        mod.launch("block_sum", args, 1, 128, order="sideways")
+    with pytest.raises(ValueError, match="opt='-O7'"):
+        build_module(SNIPPETS, opt="-O7")
 
 
 def test_block_reduction_with_syncthreads_and_shared_memory(mod):

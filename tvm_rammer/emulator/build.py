@@ -399,7 +399,11 @@ def build_module(cuda_source: str, *, opt: str | None = None) -> "EmulatedModule
         h.update(b"\0")
     key = h.hexdigest()
     folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EmulatorError(f"cannot create the emulator's cache folder {folder} ({err}); set "
+                            f"XDG_CACHE_HOME to a writable folder") from None
     lib, src = folder / f"{key}.so", folder / f"{key}.cu"
     seconds = 0.0
     if not lib.exists():
