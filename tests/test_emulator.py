@@ -160,13 +160,36 @@ def test_inputs_by_name_and_errors(branches_build):
         emulator.emulate(branches_build, [feeds["input"].astype("float64")])
 
 
-def test_cli_run_emulate_json(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def branches2_path(tmp_path_factory):
+    import onnx
+
+    path = tmp_path_factory.mktemp("emulator") / "b2.onnx"
+    onnx.save(get_model("branches", n=2), str(path))
+    return str(path)
+
+
+SMALL = ["--num-sms", "2", "--veus-per-sm", "1"]
+
+
+def test_relax_module_input_and_a_random_block_order():
+    from tvm_rammer.frontend import import_onnx
+
+    proto = get_model("branches", n=2)
+    x = random_inputs(proto, 1)["input"]
+    emulator = _emulator()
+    result = emulator.emulate(import_onnx(proto), [x], config=RammerConfig(num_sms=2, veus_per_sm=1),
+                              order=7)  # an int: a seeded permutation of the blocks
+    assert _check("branches2 (Relax module, block order seed 7)", proto, result,
+                  feeds={"input": x}) <= TOL
+    with pytest.raises(ValueError, match="seeded random inputs for an ONNX model only"):
+        emulator.emulate(result.build)
+
+
+def test_cli_run_emulate_json(branches2_path, capsys):
     from tvm_rammer.cli import main
 
-    path = tmp_path / "b2.onnx"
-    import onnx
-    onnx.save(get_model("branches", n=2), str(path))
-    code = main(["run", str(path), "--emulate", "--json", "--num-sms", "2", "--veus-per-sm", "1"])
+    code = main(["run", branches2_path, "--emulate", "--json", *SMALL])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"] and out["device"] == "emulator"
     assert out["reference"] == "onnxruntime"
@@ -175,6 +198,29 @@ def test_cli_run_emulate_json(tmp_path, capsys):
         assert "latency_us" not in out[label]  # emulated seconds are no GPU latency
     assert out["rammer"]["launches"] == 1 and out["default"]["launches"] == 3
     print(f"\nEMU branches2 via CLI: rammer {out['rammer']}, default {out['default']}")
+
+
+def test_cli_run_emulate_reports_a_mismatch(branches2_path, capsys, monkeypatch):
+    """Negative control of the check: a reference the outputs do not match exits 1, says so."""
+    from tvm_rammer.cli import main
+    from tvm_rammer.emulator import run as emulated
+
+    real = emulated.onnx_reference
+    monkeypatch.setattr(emulated, "onnx_reference",
+                        lambda proto, feeds: [r + 1.0 for r in real(proto, feeds)])
+    code = main(["run", branches2_path, "--emulate", *SMALL])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "MISMATCH: tvm-rammer's outputs differ from onnxruntime" in out.splitlines()[-1]
+
+
+def test_no_cxx_compiler_is_said_before_anything_is_compiled(tmp_path, monkeypatch):
+    from tvm_rammer.emulator.errors import EmulatorError
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(EmulatorError, match=r"no C\+\+ compiler .*install g\+\+"):
+        _emulator().emulate(str(tmp_path / "not_compiled_yet.onnx"))  # (a missing model file)
 
 
 # --- faults and negative controls -----------------------------------------------------------------

@@ -286,13 +286,14 @@ def _run_emulated(args, config) -> int:
     """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.emulator.run)."""
     from . import faults
     from .emulator import run as emulated
+    from .emulator.errors import EmulatorError
 
     if args.timeline:
         raise ValueError("--timeline measures on a GPU; --emulate runs on the CPU emulator, whose "
                          "times are not GPU times: drop one of them")
     try:
         result = emulated.run_model(args.model, args.target, config, seed=args.seed)
-    except faults.KernelFault as err:
+    except (faults.KernelFault, EmulatorError) as err:  # a fault, a deadlock, a failed build
         print(f"tvm-rammer: error: {err}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=1) if args.json else emulated.format_result(result))

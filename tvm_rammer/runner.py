@@ -224,9 +224,14 @@ def _demo_emulated(model, target, config) -> int:
               "run the demo on the CPU emulator, or run `tvm-rammer run` on a GPU)")
         return 0
     from .emulator import run as emulated
+    from .emulator.errors import EmulatorError
 
     print("no CUDA GPU here: running the generated CUDA on the CPU emulator")
-    result = emulated.run_model(model, target, config)
+    try:
+        result = emulated.run_model(model, target, config)
+    except (faults.KernelFault, EmulatorError) as err:  # a fault, a deadlock, a failed build
+        print(f"tvm-rammer: error: {err}")
+        return 1
     print(emulated.format_result(result))
     return 0 if result["ok"] else 1
 

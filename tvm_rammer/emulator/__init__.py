@@ -109,8 +109,11 @@ def emulate(model, inputs=None, *, target="rammer/nvidia-h100", config=None, pip
     past it). Raises ``tvm_rammer.faults.KernelFault`` when a persistent kernel recorded a fault
     (its ``result`` attribute holds the EmulationResult of the invalid run)."""
     from .. import faults
+    from .build import _compiler
     from .interpret import Interpreter
 
+    if not (isinstance(model, EmulationBuild) and model.module is not None):
+        _compiler()  # no C++ compiler: EmulatorError naming the fix, before compiling the model
     build = model if isinstance(model, EmulationBuild) else emulation_build(
         model, target, config, pipeline=pipeline, shapes=shapes, batch=batch)
     args = model_inputs(model, inputs, build, seed)

@@ -29,8 +29,12 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
     """Both pipelines on the emulator against the reference (see the module docstring).
 
     Per pipeline: ``max_rel_err``, ``emulated_wall_s``, ``gxx_s`` (the C++ build, 0.0 when
-    cached), ``build_s`` (the model's compilation) and ``launches`` (kernel launches of the run).
+    cached), ``build_s`` (the model's compilation) and ``launches`` (kernel launches of the run);
+    when TVM's default pipeline cannot compile the model, ``default`` holds only ``error``.
     Raises ``faults.KernelFault`` when a persistent kernel recorded a fault."""
+    from .build import _compiler
+
+    _compiler()  # no C++ compiler: EmulatorError naming the fix, before anything is compiled
     proto = bind_shapes(load_onnx(model), shapes, batch)
     feeds = random_inputs(proto, seed)
     ref = None if packages.missing("onnxruntime") else onnx_reference(proto, feeds)
@@ -39,12 +43,23 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
                "order": order}
     outputs = {}
     for label in PIPELINES:
-        build = emulation_build(proto, target, config, pipeline=label)
+        try:
+            build = emulation_build(proto, target, config, pipeline=label)
+        except Exception as err:  # noqa: BLE001  (TVM's own pipeline may fail on a model)
+            if label == "rammer":
+                raise
+            why = ": ".join(x for x in (type(err).__name__, _last_line(err)) if x)
+            results[label] = {"error": f"TVM's default pipeline cannot compile this model ({why})"}
+            continue
         run = emulate(build, feeds, order=order, wall_limit_s=wall_limit_s)
         outputs[label] = run.outputs
         results[label] = {"emulated_wall_s": run.emulated_wall_s, "gxx_s": run.gxx_seconds,
                           "build_s": run.build_seconds, "launches": len(run.launches)}
-    ref = outputs["default"] if ref is None else ref
+    if ref is None:
+        if "default" not in outputs:
+            raise ValueError(f"no reference to check against: onnxruntime is not installed and "
+                             f"{results['default']['error']} (pip install onnxruntime)")
+        ref = outputs["default"]
     for label, outs in outputs.items():
         if len(outs) != len(ref):
             raise ValueError(f"the {label} pipeline returned {len(outs)} outputs, the reference "
@@ -56,12 +71,20 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
     return results
 
 
+def _last_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def format_result(result: dict) -> str:
     """Error against the reference and emulated wall time of both pipelines, and the verdict."""
     lines = [f"device emulator (the CPU; emulated wall times are not GPU times); outputs checked "
              f"against {result['reference']}"]
     for label, name in (("rammer", "tvm-rammer "), ("default", "TVM default")):
         r = result[label]
+        if "error" in r:
+            lines.append(f"{name}: {r['error']}")
+            continue
         lines.append(f"{name}: max rel err {r['max_rel_err']:.2e}  emulated {r['emulated_wall_s']:7.3f} s"
                      f"  ({r['launches']} launches; C++ build {r['gxx_s']:.1f} s)")
     if result["ok"]:
