@@ -94,10 +94,14 @@ def bitcode_paths(*args):
     and, inside :func:`build_rocm`, our helpers' bitcode for the target being built."""
     building = _stack("building")
     root = rocm_path()
-    if args or root is None:
-        files = [str(p) for p in _ORIGINAL[BITCODE_FUNC](*args)] if args or not building else []
-    else:  # TVM's list, from the device libraries found (Debian's need no ROCM_PATH)
+    if args:  # a directory named by the caller: TVM's list from it
+        files = [str(p) for p in _ORIGINAL[BITCODE_FUNC](*args)]
+    elif root is not None:  # TVM's list, from the libraries found (Debian's need no ROCM_PATH)
         files = [str(p) for p in _ORIGINAL[BITCODE_FUNC](os.path.join(root, "amdgcn", "bitcode"))]
+    elif building:  # no device libraries: kernels that call no ocml function still link
+        files = []
+    else:
+        return _ORIGINAL[BITCODE_FUNC]()  # somebody else's build: TVM's answer (or error)
     if building:
         files.append(compile_bitcode(find_toolchain(), building[-1]["mcpu"]))
     return files
