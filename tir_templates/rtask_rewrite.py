@@ -203,6 +203,22 @@ def _into_pool(body, pool):
             return node
         return tirx.BufferStore(node.buffer, node.value, [_shift(node.indices[0], elems(node.buffer))])
 
+    def cp_async(call):
+        # cp_async_raw(dst.data, dst_offset, src.data, src_offset, size[, predicate]): TVM's code
+        # generation scales dst_offset by the element size of dst's data, which is the uint8 pool's
+        # here; the offset becomes bytes, shifted to the view's place in the pool
+        dst, off = call.args[0], call.args[1]
+        buf = dst.args[0] if isinstance(dst, tvm.ir.Call) and len(dst.args) == 1 else None
+        if buf is None or buf not in offsets:
+            return call
+        itemsize = tvm.DataType(str(buf.dtype)).itemsize
+        byte_off = off * _as(_dtype(off), itemsize) + _as(_dtype(off), offsets[buf])
+        return tvm.ir.Call(call.op, [dst, byte_off, *call.args[2:]], call.attrs, call.ty_args, call.span,
+                           ret_ty=call.ty)
+
+    def call_(call):
+        return cp_async(call) if call.op.same_as(_CP_ASYNC_OP) else access_ptr(call)
+
     def access_ptr(call):
         # tvm_access_ptr(T, view, offset, ...) -> &view[offset + shift]: the address LowerIntrin would
         # make of it, but through the view, so that the pool's element type does not matter (an
@@ -215,7 +231,7 @@ def _into_pool(body, pool):
         return tirx.address_of(tirx.BufferLoad(buf, [_shift(call.args[2], elems(buf))]))
 
     return tvm_ffi.structural_map(body, [
-        (tirx.AllocBuffer, alloc), (tvm.ir.TensorLoad, load), (tirx.BufferStore, store), (tvm.ir.Call, access_ptr),
+        (tirx.AllocBuffer, alloc), (tvm.ir.TensorLoad, load), (tirx.BufferStore, store), (tvm.ir.Call, call_),
     ])
 
 
@@ -229,6 +245,9 @@ def _keep_pool_bytes(pool, body):
     """
     anchor = tirx.address_of(tirx.BufferLoad(pool, [tirx.const(0, "int32")]))
     return _seq([tirx.Evaluate(anchor), body])
+
+
+_CP_ASYNC_OP = tvm.ir.Op.get("tirx.s_tir.cp_async_raw")
 
 
 def _access_ptr_buffer(call):
