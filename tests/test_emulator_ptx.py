@@ -652,7 +652,22 @@ def test_cp_async_copies_complete_at_their_wait(kernels):
 
 # ------------------------------------------------- a TVM-built tensor-core rKernel, end to end
 
-def _tensor_core_kernel(name, config):
+def _async_stages(func):
+    """`func` with the first stage of its software pipeline asynchronous (TVM then copies global to
+    shared memory with cp.async and waits with commit/wait groups)."""
+    import tvm
+    import tvm_ffi
+
+    def mark(loop):
+        if "software_pipeline_stage" not in loop.annotations:
+            return loop
+        annotations = dict(loop.annotations, software_pipeline_async_stages=[0])
+        return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding,
+                            annotations)
+    return func.with_body(tvm_ffi.structural_map(func.body, (tvm.tirx.For, mark)))
+
+
+def _tensor_core_kernel(name, config, asynchronous=False):
     """(CUDA source, LoweredKernel, the operator's PrimFunc): one version of
     tir_templates/mma_templates.py for OPS[name] (+ bias + ReLU, float16), in a one-rTask-per-block
     wrapper (block = the rTask's threads, its shared pool dynamic), as TVM generates it."""
@@ -664,7 +679,10 @@ def _tensor_core_kernel(name, config):
     from tvm_rammer.resources import module_cuda_source
 
     func = fused16(name)
-    kernel = prelower(schedule_gemm_mma(func, *config), tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), name)
+    scheduled = schedule_gemm_mma(func, *config)
+    if asynchronous:
+        scheduled = _async_stages(scheduled)
+    kernel = prelower(scheduled, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), name)
     threads = kernel.block[0] * kernel.block[1]
     wrapped = _wrapper(kernel, "shared.dyn", veu_threads=threads).with_attr("global_symbol", "v")
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -693,20 +711,25 @@ def _run_tensor_core_kernel(source, kernel, func, seed=0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, config", [("matmul", (2, 2, 2, 2, 32)), ("dense_b8", (1, 1, 1, 1, 64)),
-                                          ("matmul", (1, 2, 2, 2, 32))])
-def test_a_tvm_built_tensor_core_rkernel_runs_in_the_emulator(name, config):
+@pytest.mark.parametrize("name, config, asynchronous", [
+    ("matmul", (2, 2, 2, 2, 32), False), ("dense_b8", (1, 1, 1, 1, 64), False),
+    ("matmul", (1, 2, 2, 2, 32), False), ("matmul", (1, 2, 2, 2, 32), True)])
+def test_a_tvm_built_tensor_core_rkernel_runs_in_the_emulator(name, config, asynchronous):
     """A float16 tensor-core version of mma_templates (ldmatrix.x4 + mma m16n8k16 f32 per warp,
     shared tiles, fused bias + ReLU) built by TVM, run on the CPU, against numpy at float16
     tolerance; with two A registers swapped in its mma asm the same comparison fails.
 
     (1, 2, 2, 2, 32): StorageRewrite declares views on the B tile (the accumulator tile reuses its
     memory); rtask_rewrite placed them at pool offset 0, over the A tiles, until views took their
-    allocation's offset (every output was wrong, on a GPU too)."""
-    source, kernel, func = _tensor_core_kernel(name, config)
+    allocation's offset (every output was wrong, on a GPU too). Asynchronous: TVM's cp.async copies
+    (16 bytes, commit/wait groups) fill the A tiles; their destination offset, counted in float16
+    elements, was taken as bytes of the uint8 pool until rtask_rewrite converted it."""
+    source, kernel, func = _tensor_core_kernel(name, config, asynchronous)
     kinds = {ptx._instructions(s.template)[0].split("{")[0].split()[0]
              for s in ptx.find_asm(source) if not ptx._parse_statement(s, source) and s.template}
     assert {"ldmatrix.sync.aligned.m8n8.x4.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"} <= kinds
+    if asynchronous:
+        assert {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group"} <= kinds
     got, expected = _run_tensor_core_kernel(source, kernel, func)
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
     assert np.abs(expected).max() > 1  # not a vacuous comparison of zeros
