@@ -112,11 +112,11 @@ class Interpreter:
     def call(self, name: str, args: list):
         f = self._funcs.get(name)
         if not isinstance(f, relax.Function):
-            raise ValueError(f"the module has no Relax function {name!r}; it has "
-                             f"{sorted(k for k, v in self._funcs.items() if isinstance(v, relax.Function))}")
+            known = sorted(k for k, v in self._funcs.items() if isinstance(v, relax.Function))
+            raise ValueError(f"the module has no Relax function {name!r}; it has {known}")
         if len(args) != len(f.params):
-            raise ValueError(f"{name} takes {len(f.params)} arguments ({', '.join(p.name for p in f.params)}), "
-                             f"got {len(args)}")
+            names = ", ".join(p.name for p in f.params)
+            raise ValueError(f"{name} takes {len(f.params)} arguments ({names}), got {len(args)}")
         env = {}
         for p, a in zip(f.params, args):
             env[p] = self._argument(p, a)
@@ -277,8 +277,10 @@ class Interpreter:
         for p, a in zip(host.params, args):
             if p.shape is not None:
                 if not isinstance(a, np.ndarray):
-                    raise ValueError(f"{name}: parameter {p.name} needs a tensor, got {type(a).__name__}")
-                if a.nbytes < int(np.prod(p.shape, dtype=np.int64)) * np.dtype(_np_dtype(p.dtype)).itemsize:
+                    raise ValueError(f"{name}: parameter {p.name} needs a tensor, got "
+                                     f"{type(a).__name__}")
+                needed = int(np.prod(p.shape, dtype=np.int64)) * _np_dtype(p.dtype).itemsize
+                if a.nbytes < needed:
                     raise ValueError(f"{name}: parameter {p.name} needs {p.shape} {p.dtype}, got "
                                      f"{a.shape} {a.dtype}")
                 if not a.flags.c_contiguous:

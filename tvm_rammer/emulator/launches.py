@@ -173,6 +173,15 @@ def _static_int(expr, what: str) -> int:
                      "only: bind the inputs' shapes (--batch N / --input-shape, or shapes= / batch=)")
 
 
+_BINARY = {tirx.Add: lambda a, b: a + b, tirx.Sub: lambda a, b: a - b,
+           tirx.Mul: lambda a, b: a * b, tirx.FloorDiv: lambda a, b: a // b,
+           tirx.FloorMod: lambda a, b: a % b, tirx.Min: min, tirx.Max: max,
+           tirx.EQ: lambda a, b: a == b, tirx.NE: lambda a, b: a != b,
+           tirx.LT: lambda a, b: a < b, tirx.LE: lambda a, b: a <= b,
+           tirx.GT: lambda a, b: a > b, tirx.GE: lambda a, b: a >= b,
+           tirx.And: lambda a, b: a and b, tirx.Or: lambda a, b: a or b}
+
+
 class _HostEval:
     """Static evaluation of a host function's body: which kernels it launches, with what."""
 
@@ -188,8 +197,8 @@ class _HostEval:
         self.calls = []
 
     def fail(self, what) -> None:
-        raise ValueError(f"the emulator cannot read the host function {self.func.attrs.get('global_symbol', '?')}"
-                         f": {what}")
+        name = self.func.attrs.get("global_symbol", "?")
+        raise ValueError(f"the emulator cannot read the host function {name}: {what}")
 
     # expressions
     def value(self, e):
@@ -207,14 +216,7 @@ class _HostEval:
         if isinstance(e, tirx.Cast):
             v = self.value(e.value)
             return float(v) if "float" in str(e.ty) else int(v)
-        binary = {tirx.Add: lambda a, b: a + b, tirx.Sub: lambda a, b: a - b,
-                  tirx.Mul: lambda a, b: a * b, tirx.FloorDiv: lambda a, b: a // b,
-                  tirx.FloorMod: lambda a, b: a % b, tirx.Min: min, tirx.Max: max,
-                  tirx.EQ: lambda a, b: a == b, tirx.NE: lambda a, b: a != b,
-                  tirx.LT: lambda a, b: a < b, tirx.LE: lambda a, b: a <= b,
-                  tirx.GT: lambda a, b: a > b, tirx.GE: lambda a, b: a >= b,
-                  tirx.And: lambda a, b: a and b, tirx.Or: lambda a, b: a or b}
-        for kind, fn in binary.items():
+        for kind, fn in _BINARY.items():
             if isinstance(e, kind):
                 return fn(self.value(e.a), self.value(e.b))
         if isinstance(e, tirx.Div):
