@@ -6,12 +6,16 @@
 For each model (``tvm_rammer.models.REDUCED`` sizes) this runs the rammer pipeline up to dlight (the
 operators as the backend sees them: fused PrimFuncs, unscheduled and dlight-scheduled), then makes
 every candidate version ``tvm_rammer.tuning.versions`` draws from for each operator: the pipeline's
-own dlight schedule, dlight under other tile configurations and thread caps, dlight's Fallback, and
+own schedule (dlight's, or our GEMVEpilogue rule's for a fused RNN cell), dlight under other tile
+configurations and thread caps, dlight's Fallback, and
 our templates (``tir_templates.templates``: spatial, cross-thread, tiled matmul, and the fast
 families of ``gemm_templates``, ``conv_templates``, ``mma_templates``). Each version's scheduled
 PrimFunc runs on llvm with its thread loops made serial (``tir_templates.serial_run``) on seeded
 inputs, against the unscheduled PrimFunc on the same inputs; a version is valid when every buffer
-is within ``tvm_rammer.numerics.KERNEL_TOLERANCE`` (relative, float32; 2e-2 for float16).
+is within ``tvm_rammer.numerics.KERNEL_TOLERANCE`` (relative, float32; 2e-2 for float16). A version
+whose TIR stores past the end of a buffer without a predicate (``serial_run.stores_past_the_end``)
+is reported wrong without being run, and each model is swept in a forked child process, so memory
+corruption ends one model's sweep (reported), not the run.
 
 What this check is, and is not: it runs the *TIR* of each schedule on the CPU, not the CUDA we
 generate. It sees what a schedule computes (its loop nests, the regions of its caches and
@@ -32,8 +36,9 @@ One JSON record per (model, operator, version): ``model``, ``operator``, ``versi
 ``produced`` (``kernel_versions`` with the default options keeps it: the rest are dropped as
 duplicates of a launch shape or over ``max_versions``), ``coarsenings``, ``valid`` (true, false, or
 null when it could not run on the CPU, with ``reason``), ``max_rel_err``. The output file holds
-``{"commit", "precision", "records": [...], "summary": {model: {...}}}``; a Markdown table of the
-summary is printed.
+``{"commit", "precision", "records": [...], "summary": {model: {...}}}`` (``--problems-only``:
+only the records not valid); a Markdown table of the summary is printed. Exit status 1 when any
+version is wrong.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tir_templates.default_schedule import scheduled_by  # noqa: E402
 from tir_templates.prelower import UnsupportedKernel, prelower  # noqa: E402
 from tir_templates.serial_run import run_on_cpu, serial_threads, stores_past_the_end  # noqa: E402
 from tir_templates.templates import template_schedules  # noqa: E402
@@ -90,7 +96,7 @@ def operators(model: str, target, config: RammerConfig) -> list:
 
 def candidates(scheduled, unscheduled, target) -> list:
     """(version, source, PrimFunc) in ``kernel_versions``' order, without its deduplication."""
-    found = [("dlight", "dlight", scheduled)]
+    found = [("dlight", scheduled_by(scheduled) or "dlight", scheduled)]
     found += [(n, "dlight", f) for n, f in dlight_schedules(unscheduled, target)]
     found += [(t.name, "template", t.func) for t in template_schedules(unscheduled, target)]
     return found
@@ -254,6 +260,8 @@ def main(argv=None) -> int:
     parser.add_argument("models", nargs="*", help=f"zoo models (default: all of {', '.join(MODELS)})")
     parser.add_argument("--precision", choices=("float32", "float16"), default="float32")
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
+    parser.add_argument("--problems-only", action="store_true",
+                        help="keep only the records that are not valid in the JSON")
     args = parser.parse_args(argv)
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
@@ -262,6 +270,7 @@ def main(argv=None) -> int:
     config = RammerConfig(precision=args.precision)
     target = rammer_target(DEFAULT_TARGET)
     tolerance = FP16_TOLERANCE if args.precision == "float16" else KERNEL_TOLERANCE
+    commit = _commit()  # the code swept: HEAD when the sweep starts
     records = []
     for model in args.models or list(MODELS):
         start = time.perf_counter()
@@ -271,8 +280,9 @@ def main(argv=None) -> int:
         print(f"{model}: {len(found)} versions in {time.perf_counter() - start:.0f} s",
               file=sys.stderr, flush=True)
     summary = summarize(records)
-    doc = {"commit": _commit(), "precision": args.precision, "tolerance": tolerance,
-           "records": records, "summary": summary}
+    doc = {"commit": commit, "precision": args.precision, "tolerance": tolerance,
+           "records": [r for r in records if not (args.problems_only and r["valid"])],
+           "summary": summary}
     text = json.dumps(doc, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
