@@ -178,6 +178,9 @@ class _Candidate:
     versions: list
     reference: object = None
     reference_key: str | None = None
+    checked: list | None = None  # emulate_versions: one record per version made
+    emulator_dropped: list = field(default_factory=list)
+    unusable: str | None = None  # emulate_versions: why the pipeline's own version cannot be used
 
 
 def _candidates(graph, mod, target, config, profiler, skipped):
@@ -187,7 +190,7 @@ def _candidates(graph, mod, target, config, profiler, skipped):
     them or has records to read: without measured times they could never be chosen."""
     from .tuning.versions import open_database
 
-    informed = profiler.measures or bool(profiler.sources)
+    informed = profiler.measures or bool(profiler.sources) or config.emulate_versions
     stash = unscheduled_funcs(mod) if informed else {}
     database = open_database(config.tuning_db) if (informed and config.tuning_db) else None
     rk_target, plain = rkernel_target(target, config), plain_target(target)
@@ -243,6 +246,36 @@ def _predictor(mod, config: RammerConfig, vdevice):
     return predict
 
 
+def _check_on_emulator(candidates: dict, target) -> None:
+    """``RammerConfig.emulate_versions``: every version of every candidate checked against TVM's
+    default kernel on the CPU emulator (``emulator.versions``); each candidate gets ``checked``
+    (one record per version), the versions not valid there leave ``versions`` for
+    ``emulator_dropped``, and ``unusable`` says why when that removes the pipeline's own version
+    (the operator then stays TVM's default kernel, as when a GPU measures it wrong)."""
+    from .emulator.versions import EmulatedValidator
+
+    validator = EmulatedValidator(target)
+    records = validator.validate(_jobs(candidates))
+    LOG.info("tvm-rammer: %d rKernel versions checked on the emulator (%s)", len(records),
+             validator.stats)
+    for c in candidates.values():
+        c.checked, keep = [], []
+        for v in c.versions:
+            rec = records[v.key]
+            c.checked.append({"version": v.name, "source": v.source, "valid": rec["valid"],
+                              "max_rel_err": rec["max_rel_err"],
+                              **({"reason": rec["reason"]} if rec["reason"] else {})})
+            if rec["valid"] is True:
+                keep.append(v)
+                continue
+            c.emulator_dropped.append({"version": v.name, "source": v.source,
+                                       "reason": f"emulator: {rec['reason']}"})
+            if v.name == rkernels.PIPELINE_VERSION:
+                c.unusable = (f"its dlight rKernel is not valid on the emulator ({rec['reason']}); "
+                              "it stays TVM's default kernel")
+        c.versions = keep
+
+
 def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, vdevice,
                       profiler: Profiler):
     """(rOperators by node index, skipped node index -> reason), every version measured first."""
@@ -250,12 +283,17 @@ def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, v
     candidates = _candidates(graph, mod, target, config, profiler, skipped)
     predict = _predictor(mod, config, vdevice) if (profiler.measures and config.profile_margin) else None
     profiler.prepare(_jobs(candidates, predict))
+    if config.emulate_versions:
+        _check_on_emulator(candidates, target)
     built, ops = {}, {}
     resident = rkernels.resident_inputs(graph, rkernels.cost_config(config, vdevice).l2_resident_bytes)
     for node in graph.nodes:
         if node.kind == "alias" or node.index in skipped:
             continue
         cand = candidates[node.gvar.name_hint]
+        if cand.unusable:
+            skipped[node.index] = cand.unusable
+            continue
         key = (cand.name, resident.get(node.index, ()))  # the same kernel, its weights in L2 or not
         if key not in built:
             try:
@@ -268,6 +306,9 @@ def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, v
         if isinstance(op, str):
             skipped[node.index] = op
             continue
+        if cand.checked is not None:
+            op = dataclasses.replace(op, versions_checked=cand.checked,
+                                     dropped=cand.emulator_dropped + list(op.dropped))
         ops[node.index] = dataclasses.replace(op, uid=node.index)
     for index, reason in skipped.items():
         LOG.info("tvm-rammer: %s stays an ordinary kernel: %s", graph.nodes[index].name, reason)

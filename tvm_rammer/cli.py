@@ -28,7 +28,8 @@ def _config(args) -> RammerConfig:
                         split_concat_matmul=not args.no_split_concat_matmul,
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
                         gemv_epilogue=not args.no_gemv_epilogue,
-                        policy=getattr(args, "policy", "rammer"))
+                        policy=getattr(args, "policy", "rammer"),
+                        emulate_versions=getattr(args, "emulate_versions", False))
 
 
 def _budget_seconds(text: str) -> float | None:
@@ -43,6 +44,13 @@ def _budget_seconds(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"{text!r}: give the seconds of measuring allowed "
                                          "(a number >= 0) or 'none'")
     return value
+
+
+def _add_emulate_versions(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--emulate", dest="emulate_versions", action="store_true",
+                   help="check every rKernel version of every operator against TVM's default "
+                        "kernel on the CPU emulator (needs a C++ compiler) and use none that is "
+                        "wrong there; --json lists them under each operator's versions_checked")
 
 
 def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -388,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("-o", "--output", required=True, type=_output_path,
                    help="output library (.so; .tar for an archive); its directory must exist")
+    _add_emulate_versions(p)
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
     _add_common(p)
@@ -399,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", metavar="OUT", default=None,
                    help="write the predicted per-vEU timeline: OUT.json (Perfetto / Chrome trace) "
                         "and OUT.png (needs matplotlib); --json gets per-vEU busy/wait/idle shares")
+    _add_emulate_versions(p)
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("run", help="run on the GPU, compare with onnxruntime, time vs TVM default")
     _add_common(p)

@@ -88,6 +88,10 @@ class RammerConfig:
     precision: "float32" (default) or "float16": the model is converted with Relax
         ``ToMixedPrecision`` (float16 storage, float32 accumulation in conv2d/matmul), whose GEMMs
         then get tensor-core rKernel versions on sm_80+ targets.
+    emulate_versions: check every rKernel version of every placeable operator against TVM's
+        default kernel on the CPU emulator (``tvm_rammer.emulator.versions``; needs g++) and never
+        use one that is not valid there (CLI ``--emulate`` on inspect/compile). No times: the
+        choice stays measured or TVM's default. Off by default (seconds of g++ per compile).
     """
 
     max_rtask_threads: int = 256
@@ -118,6 +122,7 @@ class RammerConfig:
     timeline: bool = False
     precision: str = "float32"
     policy: str = "rammer"
+    emulate_versions: bool = False
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

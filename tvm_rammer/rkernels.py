@@ -195,6 +195,7 @@ class VersionedOperator(ROperator):
     analytical_us: list = field(default_factory=list)
     dropped: list = field(default_factory=list)
     reference_key: str | None = None
+    versions_checked: list | None = None  # RammerConfig.emulate_versions: every version's record
 
 
 PIPELINE_VERSION = "dlight"  # the rammer pipeline's own dlight schedule (tuning.versions)
@@ -345,6 +346,8 @@ def plan_report(plan, ops: dict, spec, num_veus: int, registers) -> dict:
                          predicted_us_per_rtask=round(ops[op].analytical_us[plan.selected[op]], 3),
                          profiled_kernel_us=None if chosen.kernel_us is None
                          else round(chosen.kernel_us, 3), dropped=list(ops[op].dropped))
+            if ops[op].versions_checked is not None:
+                entry["versions_checked"] = list(ops[op].versions_checked)
         operators.append(entry)
     return {"kernel": spec.name, "rtasks": int(program.num_rtasks), "num_veus": num_veus,
             "veus_per_sm": plan.veus_per_sm, "veu_threads": spec.veu_threads,
