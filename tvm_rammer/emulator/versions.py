@@ -132,8 +132,9 @@ def _inputs(specs: list, num_outputs: int, seed: int) -> tuple:
     return inputs, version_out, ref_out
 
 
-def _build_all(jobs, target, opt) -> tuple:
-    """(built module or per-function builds, build failures by name, seconds, g++ builds)."""
+def _build_all(jobs, target, opt, joint: bool = True) -> tuple:
+    """(built module or per-function builds, build failures by name, reference names, seconds,
+    g++ builds); ``joint`` False builds every function alone (for comparison)."""
     funcs, ref_names = {}, {}
     for i, job in enumerate(jobs):
         funcs[f"{_VERSION}{i}"] = job.func
@@ -141,36 +142,41 @@ def _build_all(jobs, target, opt) -> tuple:
             ref_names[job.reference_key] = f"{_REFERENCE}{len(ref_names)}"
             funcs[ref_names[job.reference_key]] = job.reference
     start = time.perf_counter()
-    try:
-        built = _build(funcs, target, opt)
-        return {name: built for name in funcs}, {}, ref_names, time.perf_counter() - start, 1
-    except Exception as err:  # pylint: disable=broad-except  (isolate the function that fails)
-        LOG.info("tvm-rammer: the joint emulator build of %d kernels failed (%s); building them "
-                 "one by one", len(funcs), _first_line(err))
+    tried = 0
+    if joint:
+        tried = 1
+        try:
+            built = _build(funcs, target, opt)
+            return {name: built for name in funcs}, {}, ref_names, time.perf_counter() - start, 1
+        except Exception as err:  # pylint: disable=broad-except  (isolate the function that fails)
+            LOG.info("tvm-rammer: the joint emulator build of %d kernels failed (%s); building "
+                     "them one by one", len(funcs), _first_line(err))
     per, failures = {}, {}
     for name, func in funcs.items():
         try:
             per[name] = _build({name: func}, target, opt)
         except Exception as err:  # pylint: disable=broad-except
             failures[name] = _first_line(err)
-    return per, failures, ref_names, time.perf_counter() - start, 1 + len(funcs)
+    return per, failures, ref_names, time.perf_counter() - start, tried + len(funcs)
 
 
 def check_versions(jobs: Sequence, target, *, seed: int = 0, tolerance: float = KERNEL_TOLERANCE,
-                   opt: str | None = None, wall_limit_s: float = 120.0, stats: dict | None = None) -> list:
+                   opt: str | None = None, wall_limit_s: float = 120.0, stats: dict | None = None,
+                   joint: bool = True) -> list:
     """One record per job (see the module docstring), in order.
 
     ``jobs``: ``tuning.measure.KernelJob`` s; ``target``: the CUDA target they are lowered for (the
     compile's); ``seed``: of the inputs; ``tolerance``: the float32 tolerance (half precision is
     widened by ``tuning.measure.tolerance_for``); ``opt``: g++ optimisation (``emulator.build``);
     ``wall_limit_s``: per launch. ``stats`` (a dict), when given, gets ``build_s`` (lowering and
-    g++), ``gxx_builds``, ``gxx_s`` (g++ alone, 0 on a cache hit), ``run_s`` and ``kernels``."""
+    g++), ``gxx_builds``, ``gxx_s`` (g++ alone, 0 on a cache hit), ``run_s`` and ``kernels``.
+    ``joint`` False: one g++ build per function (to measure what the joint module saves)."""
     from ..tuning.measure import tolerance_for
 
     jobs = list(jobs)
     if not jobs:
         return []
-    built, failures, ref_names, build_s, builds = _build_all(jobs, target, opt)
+    built, failures, ref_names, build_s, builds = _build_all(jobs, target, opt, joint)
     gxx = {id(b.module): b.module.build_seconds for b in built.values()}
     start = time.perf_counter()
     references: dict = {}  # reference key -> (outputs, or the failure reason)
@@ -237,6 +243,7 @@ class EmulatedValidator:
     seed: int = 0
     tolerance: float = KERNEL_TOLERANCE
     opt: str | None = None
+    joint: bool = True
     records: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
 
@@ -246,7 +253,7 @@ class EmulatedValidator:
         stats: dict = {}
         for job, record in zip(todo, check_versions(todo, self.target, seed=self.seed,
                                                     tolerance=self.tolerance, opt=self.opt,
-                                                    stats=stats)):
+                                                    stats=stats, joint=self.joint)):
             self.records[job.key] = record
         for k, v in stats.items():
             self.stats[k] = round(self.stats.get(k, 0) + v, 3)
