@@ -65,6 +65,15 @@ def test_the_pre_fix_spatial_write_back_is_invalid_and_the_fixed_one_valid():
     assert stats["kernels"] == 3 and stats["gxx_builds"] == 1
 
 
+def test_no_cpp_compiler_is_one_clear_error(monkeypatch):
+    from tvm_rammer.emulator import build
+
+    func, reference = _pool_jobs()
+    monkeypatch.setattr(build.shutil, "which", lambda _name: None)
+    with pytest.raises(ValueError, match="emulate_versions.*no C\\+\\+ compiler found"):
+        check_versions([_job("pool:x", func, reference)], resolve_target(TARGET))
+
+
 def _store_one_further(func):
     """``func`` with every store of its output one element further along the last axis: the
     last output's store lands past the end of the buffer."""

@@ -170,12 +170,20 @@ def check_versions(jobs: Sequence, target, *, seed: int = 0, tolerance: float = 
     widened by ``tuning.measure.tolerance_for``); ``opt``: g++ optimisation (``emulator.build``);
     ``wall_limit_s``: per launch. ``stats`` (a dict), when given, gets ``build_s`` (lowering and
     g++), ``gxx_builds``, ``gxx_s`` (g++ alone, 0 on a cache hit), ``run_s`` and ``kernels``.
-    ``joint`` False: one g++ build per function (to measure what the joint module saves)."""
+    ``joint`` False: one g++ build per function (to measure what the joint module saves).
+    Raises ValueError when there is no C++ compiler."""
     from ..tuning.measure import tolerance_for
+
+    from .build import _compiler
 
     jobs = list(jobs)
     if not jobs:
         return []
+    try:
+        _compiler()  # none at all: one clear error, not every version "not checkable"
+    except EmulatorError as err:
+        raise ValueError(f"checking kernel versions on the emulator (--emulate, "
+                         f"RammerConfig.emulate_versions): {err}") from None
     built, failures, ref_names, build_s, builds = _build_all(jobs, target, opt, joint)
     gxx = {id(b.module): b.module.build_seconds for b in built.values()}
     start = time.perf_counter()
