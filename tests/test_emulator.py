@@ -146,6 +146,26 @@ def test_tvm_default_pipeline_emulated():
     assert _check("squeezenet (reduced), TVM default pipeline", proto, result) <= TOL
 
 
+@pytest.mark.parametrize("case", [
+    "test_scatternd",  # a kernel taking a buffer's elem_offset as a scalar argument
+    "test_clip_default_int8_inbounds",  # main launches no kernel at all
+])
+def test_onnx_node_cases(case):
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (found,) = [c for c in collect_testcases() if c.name == case]
+    inputs, expected = found.data_sets[0]
+    result = _emulator().emulate(found.model, list(inputs),
+                                 config=RammerConfig(profile=False, num_sms=2, veus_per_sm=2))
+    assert len(result.outputs) == len(expected)
+    for out, ref in zip(result.outputs, expected):
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_inputs_by_name_and_errors(branches_build):
     emulator = _emulator()
     feeds = random_inputs(branches_build.onnx, seed=3)

@@ -70,8 +70,9 @@ class EmulationBuild:
 
     def emulated(self, opt: str | None = None):
         """The EmulatedModule of :attr:`cuda_source` (built with g++/clang++ on first use; the
-        runtime caches builds by content)."""
-        if self.module is None:
+        runtime caches builds by content); None for a module that launches no kernel (``main``
+        only moves data: nothing to build)."""
+        if self.module is None and self.kernels:
             from .build import build_module
 
             start = time.perf_counter()

@@ -157,11 +157,19 @@ def _nbytes(shape, dtype: str) -> int:
         _dtype_bytes(dtype)
 
 
+def _scalar_dtype(var) -> str:
+    """The dtype of a scalar (PrimType) TIR variable."""
+    ty = var.ty
+    if isinstance(ty, tvm.ir.PrimType):
+        return str(ty.dtype)
+    raise ValueError(f"parameter {var.name} of type {ty} is neither a buffer nor a scalar")
+
+
 def _host_param(var) -> HostParam:
     if _is_buffer(var):
         shape = tuple(_static_int(d, f"the shape of parameter {var.name}") for d in var.ty.shape)
         return HostParam(var.name, str(var.ty.dtype), shape)
-    return HostParam(var.name, str(var.ty.dtype) if hasattr(var.ty, "dtype") else "int64", None)
+    return HostParam(var.name, _scalar_dtype(var), None)
 
 
 def _static_int(expr, what: str) -> int:
@@ -170,7 +178,8 @@ def _static_int(expr, what: str) -> int:
     if isinstance(expr, tirx.IntImm):
         return int(expr.value)
     raise ValueError(f"{what} is not static ({expr}); the emulator runs modules with static shapes "
-                     "only: bind the inputs' shapes (--batch N / --input-shape, or shapes= / batch=)")
+                     "only: bind the inputs' shapes (--batch N / --input-shape, or shapes= / batch=)"
+                     "; a shape computed from data cannot be emulated")
 
 
 _BINARY = {tirx.Add: lambda a, b: a + b, tirx.Sub: lambda a, b: a - b,
@@ -194,7 +203,22 @@ class _HostEval:
         for i, p in enumerate(func.params):
             if _is_buffer(p):
                 self.buffers[p] = (i, 0)
+                self._bind_layout(p.ty, self.params[i].shape)
         self.calls = []
+
+    def _bind_layout(self, ty, shape: tuple) -> None:
+        """A buffer parameter's offset and stride variables, which ``MakePackedAPI`` would read
+        from the DLTensor: the interpreter passes compact tensors, each at its own data pointer
+        (offset 0, row-major strides)."""
+        if isinstance(ty.elem_offset, tirx.Var):
+            self.scalars[ty.elem_offset] = 0
+        compact, step = [], 1
+        for dim in reversed(shape):
+            compact.append(step)
+            step *= dim
+        for stride, value in zip(ty.strides or (), reversed(compact)):
+            if isinstance(stride, tirx.Var):
+                self.scalars[stride] = value
 
     def fail(self, what) -> None:
         name = self.func.attrs.get("global_symbol", "?")
@@ -314,7 +338,7 @@ class _HostEval:
                 args.append(("buffer", ptr[0], ptr[1]))
                 names.append(self.params[ptr[0]].name)
             else:
-                dtype = str(device.params[k].dtype)
+                dtype = _scalar_dtype(device.params[k])
                 args.append(("scalar", dtype, self.value(a)))
                 names.append(str(a))
         return KernelCall(kernel=name, grid=grid, block=block,
