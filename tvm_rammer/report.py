@@ -88,6 +88,12 @@ def format_schedule(summary: dict) -> str:
                          + (f" of {coarse} blocks" if coarse > 1 else "")
                          + f"  ({op['version']}: {op['reason']}, "
                          f"{op.get('time_source', 'analytical')} time)")
+            checked = op.get("versions_checked")
+            if checked is not None:  # RammerConfig.emulate_versions
+                valid = sum(c["valid"] is True for c in checked)
+                wrong = sum(c["valid"] is False for c in checked)
+                lines.append(f"          emulator: {len(checked)} versions checked, {valid} valid, "
+                             f"{wrong} wrong, {len(checked) - valid - wrong} not checkable")
             for bad in op.get("dropped", []):
                 lines.append(f"          dropped {bad['version']}: {bad['reason']}")
     return "\n".join(lines)
