@@ -186,6 +186,9 @@ class Interpreter:
 
     def _call(self, call, env):
         op = call.op
+        if isinstance(op, tvm.ir.Op) and op.name == "relax.call_builtin_with_ctx":
+            fn, inner = call.args[0], self._eval(call.args[1], env)  # (ExternFunc, args tuple)
+            return self._builtin(str(fn.global_symbol), list(inner))
         args = [self._eval(a, env) for a in call.args]
         if isinstance(op, tvm.ir.GlobalVar):
             name = op.name_hint
