@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["relative_error", "seeded_array", "KERNEL_TOLERANCE"]
+__all__ = ["relative_error", "seeded_array", "KERNEL_TOLERANCE", "MODEL_TOLERANCES", "model_tolerance"]
 
 # A kernel version may differ from TVM's default kernel for the same operator by float32 rounding
 # (another reduction order) only: ||version - default|| / ||default|| on seeded random inputs.
 KERNEL_TOLERANCE = 1e-4
+
+# A whole model's outputs against onnxruntime (run, run --emulate, the fuzzer): float32 rounding
+# only, or, when the model computes in half precision, float16's 10 mantissa bits accumulated.
+MODEL_TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
+
+
+def model_tolerance(precision: str = "float32", dtypes=()) -> float:
+    """The largest relative error a model's outputs may have against the reference: the tolerance
+    of ``precision`` (``RammerConfig.precision``), widened to float16's when any of ``dtypes`` (the
+    model's input/output element types, e.g. an ONNX model stored in float16) is half precision."""
+    if precision not in MODEL_TOLERANCES:
+        raise ValueError(f"precision={precision!r}: choose one of {tuple(MODEL_TOLERANCES)}")
+    half = any(str(d) in ("float16", "bfloat16") for d in dtypes)
+    return max(MODEL_TOLERANCES[precision], MODEL_TOLERANCES["float16"] if half else 0.0)
 
 
 def relative_error(out, ref) -> float:

@@ -14,7 +14,7 @@ from .host import packages
 from .config import RammerConfig
 from .frontend import import_onnx, load_onnx
 from .gpu import gpu_available
-from .numerics import relative_error
+from .numerics import model_tolerance, relative_error
 from .pipeline import rammer_pipeline
 from .shapes import bind_shapes
 from .target import plain_target, resolve_target
@@ -40,6 +40,15 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         inputs[value.name] = rng.standard_normal(dims).astype(dtype)
     return inputs
+
+
+def model_tolerance_of(proto: onnx.ModelProto, config: RammerConfig | None = None) -> float:
+    """``numerics.model_tolerance`` of a model: ``config.precision`` and the element types of the
+    graph's inputs and outputs (a model stored in float16 is checked at float16's tolerance)."""
+    values = list(proto.graph.input) + list(proto.graph.output)
+    dtypes = [onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+              for v in values if v.type.tensor_type.elem_type]
+    return model_tolerance((config or RammerConfig()).precision, dtypes)
 
 
 def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
@@ -88,11 +97,12 @@ def execute(ex, inputs: list, dev, runs: int = 200) -> tuple:
 
 
 def run_model(model, target, config: RammerConfig | None = None, runs: int = 200,
-              seed: int = 0, tolerance: float = 1e-4, shapes: dict | None = None,
+              seed: int = 0, tolerance: float | None = None, shapes: dict | None = None,
               batch: int | None = None) -> dict:
     """Compile with rammer and with TVM's default pipeline, run both, compare with onnxruntime
     (without it: with TVM's default pipeline's outputs; ``result["reference"]`` says which).
-    ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.shapes.bind_shapes``)."""
+    ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.shapes.bind_shapes``);
+    ``tolerance`` defaults to the model's precision's (:func:`model_tolerance_of`)."""
     if not gpu_available():
         raise ValueError("no CUDA GPU is visible; `tvm-rammer run MODEL --emulate` runs the model "
                          "on the CPU emulator, `tvm-rammer inspect` shows the schedule")
@@ -118,6 +128,9 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
         errs = [relative_error(o, r) for o, r in zip(outs, ref)]
         results[label]["max_rel_err"] = max(errs) if errs else 0.0
     results["speedup"] = results["default"]["latency_us"] / results["rammer"]["latency_us"]
+    if tolerance is None:
+        tolerance = model_tolerance_of(proto, config)
+    results["tolerance"] = tolerance
     results["ok"] = results["rammer"]["max_rel_err"] <= tolerance
     return results
 

@@ -14,7 +14,7 @@ from ..config import RammerConfig
 from ..frontend import load_onnx
 from ..host import packages
 from ..numerics import relative_error
-from ..runner import REFERENCE_DEFAULT, onnx_reference, random_inputs
+from ..runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
 from ..shapes import bind_shapes
 from . import emulate, emulation_build
 
@@ -24,13 +24,15 @@ PIPELINES = ("rammer", "default")
 
 
 def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
-              tolerance: float = 1e-4, shapes: dict | None = None, batch: int | None = None,
+              tolerance: float | None = None, shapes: dict | None = None, batch: int | None = None,
               order="forward", wall_limit_s: float = 600.0) -> dict:
     """Both pipelines on the emulator against the reference (see the module docstring).
 
     Per pipeline: ``max_rel_err``, ``emulated_wall_s``, ``gxx_s`` (the C++ build, 0.0 when
     cached), ``build_s`` (the model's compilation) and ``launches`` (kernel launches of the run);
     when TVM's default pipeline cannot compile the model, ``default`` holds only ``error``.
+    ``tolerance`` defaults to the model's precision's (``runner.model_tolerance_of``: float32
+    1e-4, float16 2e-2 relative).
     Raises ``faults.KernelFault`` when a persistent kernel recorded a fault."""
     from .build import _compiler
 
@@ -66,8 +68,8 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
                              f"{len(ref)}")
         errs = [relative_error(o, r) for o, r in zip(outs, ref)]
         results[label]["max_rel_err"] = max(errs) if errs else 0.0
-    results["tolerance"] = tolerance
-    results["ok"] = results["rammer"]["max_rel_err"] <= tolerance
+    results["tolerance"] = model_tolerance_of(proto, config) if tolerance is None else tolerance
+    results["ok"] = results["rammer"]["max_rel_err"] <= results["tolerance"]
     return results
 
 
