@@ -18,7 +18,8 @@
 //   surface uses RAMMER_EMU_SITE, the address of a static object per source call site) are grouped;
 //   the groups of a warp resolve once no lane of that warp can still arrive (every lane is parked
 //   somewhere or has exited); the collective's function runs once per group (warp_collective()).
-// * Virtual time (%globaltimer, clock64): +ROUND_NS per scheduling round (every queued block had a turn);
+// * Virtual time (%globaltimer, clock64): +ROUND_NS per scheduling round (every queued block had a turn)
+//   and +1 ns per read, so every read returns a strictly larger value than the read before it;
 //   a round in which only spinning fibers ran and nothing progressed jumps the clock ahead (doubling,
 //   from 1 us up to 64 s), so time-bounded spin waits reach their timeout quickly and deterministically.
 // * Deadlock: no block has a runnable fiber while fibers are parked, or only spinning fibers remain and the clock
@@ -251,7 +252,9 @@ inline constexpr uint64_t CANARY = 0x52414d4d4552454dull;
 // ---------------------------------------------------------------------------- fiber-side API
 inline Fiber* cur() { return g_cur; }
 inline void note_progress() { g_launch.progress = true; }
-inline uint64_t globaltimer() { return g_launch.vclock; }
+// Every read is strictly later than the one before (+1 ns on top of the round clock; one OS thread runs
+// the launch, so the order of reads is deterministic): an instrumented rTask's start and end differ.
+inline uint64_t globaltimer() { return ++g_launch.vclock; }
 inline unsigned lane_id() { return g_cur->lane; }
 inline unsigned char* shared_base() { return g_cur->block->smem; }
 inline void* shared_ptr(uint32_t offset) { return g_cur->block->smem + offset; }
