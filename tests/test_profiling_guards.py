@@ -419,7 +419,6 @@ def test_the_plan_key_changes_with_the_table():
 def test_a_back_end_failure_while_measuring_falls_back_to_tvms_default(monkeypatch, caplog):
     from tvm_rammer import backend
     from tvm_rammer.frontend import import_onnx, lower
-    from tvm_rammer.launches import count_launches
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.report import unplaced_operators
 
