@@ -147,10 +147,10 @@ def main(argv=None) -> int:
         except (subprocess.TimeoutExpired, RuntimeError, ValueError, IndexError) as err:
             record = {"error": f"{type(err).__name__}: {err}"}
         models[model] = record
-    doc = {"commit": _commit(), "precision": args.precision, "target": TARGET,
-           "separate_builds": args.separate_builds, "models": models}
-    if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1))
+        doc = {"commit": _commit(), "precision": args.precision, "target": TARGET,
+               "separate_builds": args.separate_builds, "models": models}
+        if args.out:  # after every model: a run stopped early keeps what it checked
+            Path(args.out).write_text(json.dumps(doc, indent=1))
     print(markdown(models))
     bad = any("error" in r or r["summary"]["wrong"] for r in models.values())
     return 1 if bad else 0
