@@ -6,10 +6,13 @@ multi-output and tuple-output operators, constants, reshape views, varied tensor
 kernels' thread counts differ), lowers each with the rammer pipeline under a random configuration
 (vEU width, SMs, vEUs per SM, merge rule) and checks every persistent kernel's table with the
 reference executor (``tvm_rammer.executor``) under many interleavings. With ``--gpu`` on a machine
-with a CUDA GPU each graph is also compiled, run and compared with onnxruntime.
+with a CUDA GPU each graph is also compiled, run and compared with onnxruntime. With ``--emulate``
+each graph is lowered for a small vDevice (:func:`emulated_options`: at most 2 SMs x 2 vEUs), its
+tables checked as above, and its CUDA executed on the CPU emulator (``tvm_rammer.emulator``; a C++
+compiler needed) against onnxruntime at ``numerics.model_tolerance``.
 
 A failure is any exception while lowering, any problem the executor reports, a worker that hangs
-past the time limit or dies, or (``--gpu``) a wrong result. Each failing graph is shrunk
+past the time limit or dies, or (``--gpu``, ``--emulate``) a fault, a deadlock or a wrong result. Each failing graph is shrunk
 (:func:`minimise`: nodes dropped while the same kind of failure remains) and saved with its seed as
 ``OUT/graph-<seed>-<index>.onnx`` plus a ``.json`` with the configuration and the problem. The
 last line printed is ``N graphs, K failures``; the exit status is 1 when K > 0.
@@ -198,11 +201,24 @@ def random_config(seed: int, index: int) -> dict:
             "merge": str(rng.choice(["paper", "always", "never"]))}
 
 
+EMULATED_VDEVICE = (2, 2)  # at most this many SMs x vEUs per SM when a graph is emulated
+
+
+def emulated_options(options: dict) -> dict:
+    """``options`` (:func:`random_config`) on a small vDevice, so the emulator (every CUDA thread a
+    fiber) runs the graph in well under a second: at most :data:`EMULATED_VDEVICE` SMs x vEUs."""
+    sms, veus = EMULATED_VDEVICE
+    return {**options, "num_sms": min(int(options.get("num_sms") or sms), sms),
+            "veus_per_sm": min(int(options.get("veus_per_sm") or veus), veus)}
+
+
 # --- checking one graph -----------------------------------------------------------------------
 
 def check_graph(model_bytes: bytes, options: dict, trials: int = 8, gpu: bool = False,
-                seed: int = 0) -> dict:
-    """Lower one graph and check its tables: {"status": "ok"/"fail", "stage", "problems", ...}."""
+                seed: int = 0, emulate: bool = False) -> dict:
+    """Lower one graph and check its tables: {"status": "ok"/"fail", "stage", "problems", ...};
+    ``emulate``: on :func:`emulated_options`' vDevice, then also run on the CPU emulator (stage
+    "emulate" on a failure, ``max_rel_err`` and ``gxx_s`` when it matched)."""
     import onnx
 
     from .config import RammerConfig
@@ -218,7 +234,7 @@ def check_graph(model_bytes: bytes, options: dict, trials: int = 8, gpu: bool = 
     except ValueError as err:  # the generator made something TVM's frontend refuses: not ours
         out.update(status="skipped", stage="import", problems=[str(err)])
         return out
-    config = RammerConfig(profile=False, **options)
+    config = RammerConfig(profile=False, **(emulated_options(options) if emulate else options))
     try:
         lowered = lower(mod, "rammer/nvidia-h100", config)
         out["launches"] = count_launches(lowered)
@@ -232,6 +248,8 @@ def check_graph(model_bytes: bytes, options: dict, trials: int = 8, gpu: bool = 
         out.update(status="fail", stage="executor", problems=problems[:5])
     elif gpu:
         out.update(_gpu_check(proto, mod, config))
+    elif emulate:
+        out.update(_emulator_check(proto, lowered, config))
     out["seconds"] = round(time.monotonic() - start, 2)
     return out
 
@@ -263,13 +281,37 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
     return {"max_rel_err": worst}
 
 
+def _emulator_check(proto, lowered, config) -> dict:
+    """Run the lowered module on the CPU emulator and compare with onnxruntime."""
+    from . import emulator
+    from .numerics import relative_error
+    from .runner import model_tolerance_of, onnx_reference, random_inputs
+
+    try:
+        feeds = random_inputs(proto, seed=1)
+        reference = onnx_reference(proto, feeds)
+        build = emulator.emulation_build(lowered, "rammer/nvidia-h100", config, pipeline=None)
+        run = emulator.emulate(build, [feeds[v.name] for v in proto.graph.input if v.name in feeds],
+                               wall_limit_s=120.0)
+    except Exception as err:  # noqa: BLE001  (a fault, a deadlock, a failed build: findings)
+        return {"status": "fail", "stage": "emulate", "problems": [_first_line(err)]}
+    tolerance = model_tolerance_of(proto, config)
+    worst = max((relative_error(o, r) for o, r in zip(run.outputs, reference)), default=0.0)
+    if len(run.outputs) != len(reference) or not worst <= tolerance:
+        return {"status": "fail", "stage": "emulate",
+                "problems": [f"max relative error {worst:.3g} > {tolerance} vs onnxruntime "
+                             f"({len(run.outputs)} outputs, {len(reference)} expected)"]}
+    return {"max_rel_err": worst, "gxx_s": round(run.gxx_seconds, 2),
+            "emulated_wall_s": round(run.emulated_wall_s, 3)}
+
+
 def _first_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:400]
 
 
 def _job(name: str, payload: tuple) -> dict:
-    """Worker side: payload = (model bytes, config options, trials, gpu, seed)."""
+    """Worker side: payload = (model bytes, config options, trials, gpu, seed, emulate)."""
     import tvm_rammer  # noqa: F401  (registers the rammer target tags)
 
     return check_graph(*payload)
@@ -331,11 +373,11 @@ def minimise(model, still_fails, budget: int = 40):
 
 
 def _save_failure(out_dir: str, seed: int, index: int, model, record: dict, options: dict,
-                  trials: int, gpu: bool) -> str:
+                  trials: int, gpu: bool, emulate: bool = False) -> str:
     import onnx
 
     def still_fails(candidate) -> bool:
-        again = check_graph(candidate.SerializeToString(), options, trials, gpu, seed)
+        again = check_graph(candidate.SerializeToString(), options, trials, gpu, seed, emulate)
         return again["status"] == "fail" and again["stage"] == record["stage"]
 
     try:
@@ -355,8 +397,10 @@ def _save_failure(out_dir: str, seed: int, index: int, model, record: dict, opti
 
 def fuzz(graphs: int, seed: int, jobs: int = 1, trials: int = 8, gpu: bool = False,
          out_dir: str = "fuzz-failures", timeout: float = DEFAULT_TIMEOUT_S, progress=True,
-         minimise_failures: bool = True) -> dict:
-    """Run the fuzzer; returns {"graphs", "failures": [...], "skipped", "seconds", ...}."""
+         minimise_failures: bool = True, emulate: bool = False) -> dict:
+    """Run the fuzzer; returns {"graphs", "failures": [...], "skipped", "seconds", ...};
+    ``emulate``: every graph also executed on the CPU emulator (``emulated``: how many matched
+    onnxruntime, ``max_rel_err``: the largest error among them, ``gxx_s``: C++ build seconds)."""
     from .workers import run_jobs
 
     start = time.monotonic()
@@ -365,9 +409,11 @@ def fuzz(graphs: int, seed: int, jobs: int = 1, trials: int = 8, gpu: bool = Fal
     for i in range(graphs):
         model, _ = random_graph(seed, i)
         models[i], options[i] = model, random_config(seed, i)
-        job_list.append((str(i), (model.SerializeToString(), options[i], trials, gpu, seed)))
+        job_list.append((str(i), (model.SerializeToString(), options[i], trials, gpu, seed,
+                                  emulate)))
     done_count = [0]
     failures, stats = [], {"ok": 0, "skipped": 0, "rprograms": 0}
+    emulated = {"emulated": 0, "max_rel_err": 0.0, "gxx_s": 0.0}
 
     def on_result(name, result, why):
         done_count[0] += 1
@@ -382,6 +428,10 @@ def fuzz(graphs: int, seed: int, jobs: int = 1, trials: int = 8, gpu: bool = Fal
         else:
             stats["ok" if result["status"] == "ok" else "skipped"] += 1
             stats["rprograms"] += result.get("rprograms", 0)
+            if "max_rel_err" in result and emulate:
+                emulated["emulated"] += 1
+                emulated["max_rel_err"] = max(emulated["max_rel_err"], result["max_rel_err"])
+                emulated["gxx_s"] += result.get("gxx_s", 0.0)
         if progress and done_count[0] % 100 == 0:
             print(f"[{done_count[0]}/{graphs}] {len(failures)} failures, "
                   f"{time.monotonic() - start:.0f} s", flush=True)
@@ -399,11 +449,13 @@ def fuzz(graphs: int, seed: int, jobs: int = 1, trials: int = 8, gpu: bool = Fal
             with open(path[:-5] + ".json", "w", encoding="utf-8") as f:
                 json.dump({"seed": seed, "index": i, "config": options[i], **failure}, f, indent=1)
         else:
-            path = _save_failure(out_dir, seed, i, models[i], failure, options[i], trials, gpu)
+            path = _save_failure(out_dir, seed, i, models[i], failure, options[i], trials, gpu,
+                                 emulate)
         saved.append(path)
     return {"graphs": graphs, "seed": seed, "failures": failures, "saved": saved,
             "ok": stats["ok"], "skipped": stats["skipped"], "rprograms": stats["rprograms"],
-            "trials_per_rprogram": trials, "gpu": gpu,
+            "trials_per_rprogram": trials, "gpu": gpu, "emulate": emulate,
+            **({**emulated, "gxx_s": round(emulated["gxx_s"], 1)} if emulate else {}),
             "seconds": round(time.monotonic() - start, 1)}
 
 
@@ -416,6 +468,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulated interleavings per rProgram (default: %(default)s)")
     p.add_argument("--gpu", action="store_true",
                    help="also compile, run on the local GPU and compare with onnxruntime")
+    p.add_argument("--emulate", action="store_true",
+                   help="also run each graph on the CPU emulator (a small vDevice, a C++ compiler "
+                        "needed) and compare with onnxruntime")
     p.add_argument("--out", default="fuzz-failures", help="where failing graphs are saved")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds per graph before it counts as a hang (default: %(default)s)")
@@ -429,9 +484,15 @@ def run(args) -> int:
 
         if not gpu_available():
             raise ValueError("--gpu: no CUDA GPU is visible; run without --gpu to check the "
-                             "tables only")
+                             "tables only, or with --emulate to run them on the CPU emulator")
+    if args.gpu and args.emulate:
+        raise ValueError("--gpu and --emulate: choose one device to run the graphs on")
+    if args.emulate:
+        from .emulator.build import _compiler
+
+        _compiler()  # no C++ compiler: one error naming the fix before any graph is built
     result = fuzz(args.graphs, args.seed, args.jobs, args.trials, args.gpu, args.out,
-                  args.timeout, progress=not args.quiet)
+                  args.timeout, progress=not args.quiet, emulate=args.emulate)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
@@ -441,6 +502,9 @@ def run(args) -> int:
         print(f"saved {path}")
     print(f"{result['ok']} checked, {result['skipped']} skipped (not importable), "
           f"{result['rprograms']} rPrograms, {result['seconds']} s")
+    if args.emulate:
+        print(f"{result['emulated']} executed on the emulator, max rel err "
+              f"{result['max_rel_err']:.2e} vs onnxruntime, C++ builds {result['gxx_s']} s")
     print(f"{result['graphs']} graphs, {len(result['failures'])} failures")
     return 1 if result["failures"] else 0
 

@@ -28,6 +28,9 @@ Build steps:
    being the sha256 of the rewritten source, every file under ``include/``, the flags and the
    compiler's version; the rewritten source is kept beside it (``<sha256>.cu``). Both are written
    to a temporary name and renamed into place, so concurrent processes never see a partial file.
+   With g++ the runtime header is precompiled once per (headers, flags, compiler) into
+   ``pch/<sha256>/rammer_emu.h.gch`` beside the libraries and found first on the include path
+   (:func:`_precompiled_header`): most of a small kernel's compile was parsing that header.
 
 Optimisation level (``opt``, default :data:`DEFAULT_OPT` = ``-O1``), chosen by measurement on this
 project's real sources: ``tvm_rammer.emulator.emulate`` of reduced zoo models (``models.REDUCED``;
@@ -370,6 +373,43 @@ def _normalize_opt(opt) -> str:
     return text
 
 
+def _precompiled_header(cxx: str, flags: tuple, folder: Path) -> Path | None:
+    """The folder holding ``rammer_emu.h.gch``, g++'s precompiled ``rammer_emu.h`` for ``flags``,
+    built on first use and cached under ``folder/pch/<sha256 of the headers, flags, compiler>``;
+    the build force-includes ``rammer_emu.h`` by its path in that folder (a one-line header there
+    includes the real one, which g++ reads should it ever find the ``.gch`` unusable). None: not
+    g++, or the header would not precompile (the build then parses the header itself). Parsing
+    and instantiating the runtime header is a large part of a small kernel's g++ time (measured in
+    tvm_rammer/emulator/README.md)."""
+    version = _compiler_version(cxx)
+    if "Free Software Foundation" not in version or "clang" in version.lower():
+        return None
+    h = hashlib.sha256()
+    for part in (_headers_digest(), " ".join(flags), version):
+        h.update(part.encode())
+        h.update(b"\0")
+    where = folder / "pch" / h.hexdigest()[:32]
+    gch = where / "rammer_emu.h.gch"
+    if gch.exists() and (where / "rammer_emu.h").exists():
+        return where
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        _write_atomic(where / "rammer_emu.h",
+                      f'#include "{INCLUDE_DIR / "rammer_emu.h"}"\n'.encode())
+        fd, tmp = tempfile.mkstemp(dir=where, prefix="rammer_emu.h.", suffix=".gch.tmp")
+        os.close(fd)
+        cmd = [cxx, *[f for f in flags if f != "-shared"], "-I", str(INCLUDE_DIR), "-x", "c++-header",
+               str(INCLUDE_DIR / "rammer_emu.h"), "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            os.unlink(tmp)
+            return None
+        os.replace(tmp, gch)
+    except OSError:
+        return None
+    return where
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
@@ -382,11 +422,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def build_module(cuda_source: str, *, opt: str | None = None) -> "EmulatedModule":
+def build_module(cuda_source: str, *, opt: str | None = None,
+                 use_pch: bool = True) -> "EmulatedModule":
     """Rewrite, compile (or reuse the cached library) and load ``cuda_source``.
 
     ``opt``: the compiler's optimisation level (``"-O0"``, ``"-O1"``, ...; default
-    :data:`DEFAULT_OPT`). Raises EmulatorError on a source the emulator cannot run (unknown inline
+    :data:`DEFAULT_OPT`); ``use_pch``: with g++, parse the runtime header from a precompiled
+    header (:func:`_precompiled_header`; the library is the same either way). Raises EmulatorError on a source the emulator cannot run (unknown inline
     PTX, an unusual ``__shared__`` declaration, no kernel) or a compile failure (the compiler's
     stderr tail, the kept source path and the command to reproduce)."""
     level = _normalize_opt(opt)
@@ -408,10 +450,13 @@ def build_module(cuda_source: str, *, opt: str | None = None) -> "EmulatedModule
     seconds = 0.0
     if not lib.exists():
         _write_atomic(src, source.encode())
+        start = time.perf_counter()
+        pch = _precompiled_header(cxx, flags, folder) if use_pch else None
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{key}.", suffix=".so.tmp")
         os.close(fd)
-        cmd = [cxx, *flags, "-I", str(INCLUDE_DIR), "-include", "rammer_emu.h", "-o", tmp, "-x", "c++", str(src)]
-        start = time.perf_counter()
+        forced = str(pch / "rammer_emu.h") if pch else "rammer_emu.h"
+        cmd = [cxx, *flags, "-I", str(INCLUDE_DIR), "-include", forced, "-o", tmp, "-x", "c++",
+               str(src)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as err:
