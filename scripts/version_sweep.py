@@ -272,22 +272,22 @@ def main(argv=None) -> int:
     tolerance = FP16_TOLERANCE if args.precision == "float16" else KERNEL_TOLERANCE
     commit = _commit()  # the code swept: HEAD when the sweep starts
     records = []
+    summary = {}
     for model in args.models or list(MODELS):
         start = time.perf_counter()
         found = sweep_isolated(model, target, config, tolerance,
                                lambda m: print(m, file=sys.stderr, flush=True))
         records += found
-        print(f"{model}: {len(found)} versions in {time.perf_counter() - start:.0f} s",
+        print(f"{model}: {len(found)} candidates in {time.perf_counter() - start:.0f} s",
               file=sys.stderr, flush=True)
-    summary = summarize(records)
-    doc = {"commit": commit, "precision": args.precision, "tolerance": tolerance,
-           "records": [r for r in records if not (args.problems_only and r["valid"])],
-           "summary": summary}
-    text = json.dumps(doc, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
+        summary = summarize(records)
+        doc = {"commit": commit, "precision": args.precision, "tolerance": tolerance,
+               "records": [r for r in records if not (args.problems_only and r["valid"])],
+               "summary": summary}
+        if args.out:  # after every model: a run stopped early keeps what it checked
+            Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    if not args.out:
+        print(json.dumps(doc, indent=1))
     print(markdown(summary), file=sys.stderr)
     return 1 if any(row["wrong"] for row in summary.values()) else 0
 
