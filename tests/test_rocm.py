@@ -366,3 +366,15 @@ def test_problems_of_flags_a_bad_code_object():
     found = " ".join(problems_of(bad))
     assert "scratch 64 B" in found and "workgroup limit 128 < vEU 256" in found
     assert "2 vEUs per CU fit, the placement assumed 4" in found
+
+
+def test_ordering_ignores_spill_traffic_but_not_global_accesses():
+    """A spill reload (private scratch) between a release's wait and its store orders nothing; a
+    global load there is an unordered prior access."""
+    release = ["buffer_wbl2 sc1", "s_waitcnt vmcnt(0) lgkmcnt(0)",
+               "scratch_load_dword v9, off, s33 offset:16", "global_store_dword v1, v2, s[0:1] sc1"]
+    assert codeobject.check_ordering(release, "gfx942")["problems"] == []
+    racy = release[:2] + ["global_load_dword v9, v3, s[4:5]"] + release[3:]
+    problems = codeobject.check_ordering(racy, "gfx942")["problems"]
+    assert len(problems) == 1 and "global_store_dword v1" in problems[0]
+

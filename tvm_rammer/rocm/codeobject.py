@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 from .toolchain import Toolchain, find_toolchain
 
-_VMEM = re.compile(r"^(global|buffer|flat|scratch)_")
+# vector memory accesses that other threads can observe; scratch_* (a spill's private memory) is
+# nobody else's, so a spill reload between a release's waitcnt and its store orders nothing
+_VMEM = re.compile(r"^(global|buffer|flat)_")
 _CACHE_CONTROL = ("buffer_wbl2", "buffer_inv", "buffer_wbinvl1", "buffer_wbinvl1_vol",
                   "buffer_invl2")
 
