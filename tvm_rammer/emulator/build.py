@@ -379,8 +379,8 @@ def _precompiled_header(cxx: str, flags: tuple, folder: Path) -> Path | None:
     the build force-includes ``rammer_emu.h`` by its path in that folder (a one-line header there
     includes the real one, which g++ reads should it ever find the ``.gch`` unusable). None: not
     g++, or the header would not precompile (the build then parses the header itself). Parsing
-    and instantiating the runtime header is a large part of a small kernel's g++ time (measured in
-    tvm_rammer/emulator/README.md)."""
+    and instantiating the runtime header is a large part of a small kernel's g++ time (measured:
+    README, "The CPU emulator")."""
     version = _compiler_version(cxx)
     if "Free Software Foundation" not in version or "clang" in version.lower():
         return None
