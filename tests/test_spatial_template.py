@@ -98,7 +98,7 @@ def test_idle_threads_of_a_single_block_store_nothing(threads, per):
 def test_the_domain_check_sees_a_store_past_the_end():
     """Negative control: a block whose domain is one row longer than the buffer it writes."""
     @tvm.script.tirx.prim_func(s_tir=True)
-    def too_long(a: tvm.script.tirx.Buffer((3, 4), "float32")):
+    def too_long(a: tvm.script.tirx.Buffer((3, 4), "float32")):  # noqa: F821  (TVMScript dtype)
         for i, j in tvm.script.tirx.grid(4, 4):
             with tvm.script.tirx.sblock("store"):
                 vi, vj = tvm.script.tirx.axis.remap("SS", [i, j])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tvm import relax, s_tir, tirx
+from tvm import s_tir
 
 from test_spatial_template import pool, unscheduled
 from tir_templates.serial_run import run_on_cpu
