@@ -240,3 +240,29 @@ def test_cli_inspect_emulate_json_lists_versions_checked(tmp_path):
     assert all(c["valid"] is True and isinstance(c["max_rel_err"], float)
                for op in ops for c in op["versions_checked"])
     assert np.isfinite([c["max_rel_err"] for op in ops for c in op["versions_checked"]]).all()
+
+
+def test_a_function_the_emulator_cannot_build_costs_its_own_record_only(monkeypatch):
+    """A joint build whose error names one function is tried again without it (one more build,
+    not one per function); that version is 'not checkable' (valid None, the error), never valid."""
+    from tvm_rammer.emulator import versions as emulated
+
+    func, reference = _pool_jobs((1, 12, 16, 16))
+    real = emulated._build
+    sizes = []
+
+    def failing(funcs, target, opt):
+        sizes.append(len(funcs))
+        if "rammer_emu_v1" in funcs:
+            raise ValueError("the emulator cannot read the host function rammer_emu_v1: "
+                             "unsupported host statement AllocBuffer")
+        return real(funcs, target, opt)
+
+    monkeypatch.setattr(emulated, "_build", failing)
+    stats = {}
+    good, bad = check_versions([_job("pool:a", schedule_spatial(func, 128, 1), reference),
+                                _job("pool:b", schedule_spatial(func, 64, 1), reference)],
+                               resolve_target(TARGET), stats=stats)
+    assert sizes == [3, 2] and stats["gxx_builds"] == 2
+    assert good["valid"] is True
+    assert bad["valid"] is None and "AllocBuffer" in bad["reason"]
