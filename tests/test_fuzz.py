@@ -57,7 +57,7 @@ def test_a_failing_graph_is_saved_minimised_with_its_seed(tmp_path, monkeypatch)
     model, _ = fuzz.random_graph(3, 1)
     calls = []
 
-    def fake_check(model_bytes, options, trials=8, gpu=False, seed=0):
+    def fake_check(model_bytes, options, trials=8, gpu=False, seed=0, emulate=False):
         calls.append(1)
         proto = onnx.load_from_string(model_bytes)
         bad = any(n.op_type in ("MatMul", "Gemm", "Concat") for n in proto.graph.node)
