@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in REDUCED]
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {', '.join(REDUCED)}")
-    models = {}
+    models, commit = {}, _commit()  # at the start: each child imports the tree as it is then
     for model in args.models or list(REDUCED):
         print(f"{model} ...", file=sys.stderr, flush=True)
         try:
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         except (subprocess.TimeoutExpired, RuntimeError, ValueError, IndexError) as err:
             record = {"error": f"{type(err).__name__}: {err}"}
         models[model] = record
-        doc = {"commit": _commit(), "precision": args.precision, "target": TARGET,
+        doc = {"commit": commit, "commit_now": _commit(), "precision": args.precision, "target": TARGET,
                "separate_builds": args.separate_builds, "models": models}
         if args.out:  # after every model: a run stopped early keeps what it checked
             Path(args.out).write_text(json.dumps(doc, indent=1))
