@@ -7,6 +7,10 @@ Tags ``rammer/<tag>`` are registered for the common NVIDIA data-centre GPUs.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import tvm
 
 from .rocm.targets import AMD_TAGS, rocm_arch
@@ -97,10 +101,30 @@ def register_tags() -> None:
     for name, base in TAGS.items():
         if name in known:
             continue
-        config = dict(rammer_target(base).export())
-        config.pop("tag", None)
-        config["keys"] = list(config["keys"])
-        tvm.target.register_tag(name, config)
+        rocm = isinstance(base, dict) and base.get("kind") == "rocm"
+        with _quiet_rocm_parser() if rocm else contextlib.nullcontext():
+            config = dict(rammer_target(base).export())
+            config.pop("tag", None)
+            config["keys"] = list(config["keys"])
+            tvm.target.register_tag(name, config)
+
+
+@contextlib.contextmanager
+def _quiet_rocm_parser():
+    """Standard error (fd 2) closed to TVM's C++ log while the AMD tags are registered at import:
+    without a ROCm device, TVM's rocm target parser warns "Unable to detect ROCm version,
+    assuming >= 3.5" for every rocm Target made, even one naming its mcpu (the version only
+    matters below ROCm 3.5), which printed six lines before every command on every machine. A
+    rocm target a user makes later still warns, as TVM does."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def target_arch(target: tvm.target.Target) -> str:
