@@ -212,7 +212,7 @@ def test_cli_run_emulate_json(branches2_path, capsys):
     code = main(["run", branches2_path, "--emulate", "--json", *SMALL])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"] and out["device"] == "emulator"
-    assert out["reference"] == "onnxruntime"
+    assert out["reference"] == "onnxruntime" and "not GPU times" in out["times"]
     for label in ("rammer", "default"):
         assert out[label]["max_rel_err"] <= TOL and out[label]["emulated_wall_s"] > 0
         assert "latency_us" not in out[label]  # emulated seconds are no GPU latency

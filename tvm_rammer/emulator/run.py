@@ -42,7 +42,9 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
     ref = None if packages.missing("onnxruntime") else onnx_reference(proto, feeds)
     results = {"device": "emulator", "model": getattr(proto.graph, "name", ""),
                "reference": "onnxruntime" if ref is not None else REFERENCE_DEFAULT,
-               "order": order}
+               "order": order,
+               "times": "emulated_wall_s and gxx_s are wall seconds of the CPU emulator and of its "
+                        "C++ build on this machine: not GPU times"}
     outputs = {}
     for label in PIPELINES:
         try:
