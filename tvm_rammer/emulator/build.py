@@ -81,6 +81,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import EmulatorError
+from .ptx import find_asm, split_top, translate
 
 __all__ = ["build_module", "EmulatedModule", "EmulatorError", "EmulatorDeadlock", "DEFAULT_OPT",
            "INCLUDE_DIR", "cache_dir", "rewrite_source", "kernel_names"]
@@ -210,42 +211,17 @@ def _rewrite_shared(source: str) -> str:
     return "".join(out)
 
 
-def _split_top(text: str, sep: str) -> list:
-    parts, depth, cur, i = [], 0, [], 0
-    while i < len(text):
-        ch = text[i]
-        if ch == '"':
-            j = i + 1
-            while j < len(text) and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            cur.append(text[i:j + 1])
-            i = j + 1
-            continue
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return parts
-
-
 def _barrier_call(text: str, line: int):
     """The emulation call for an asm statement that is a named barrier, else None."""
     body = text[text.index("(") + 1:text.rindex(")")]
-    sections = _split_top(body, ":")
+    sections = split_top(body, ":")
     template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', sections[0]))
     m = _BAR.match(template.replace("\\n", " ").replace("\\t", " "))
     if m is None:
         return None
     operands = []
     for section in sections[1:3]:
-        for op in _split_top(section, ","):
+        for op in split_top(section, ","):
             op = op.strip()
             if op:
                 om = re.match(r'^(?:\[\w+\]\s*)?"[^"]*"\s*\((.*)\)$', op, re.S)
@@ -271,10 +247,6 @@ def _barrier_call(text: str, line: int):
 
 
 def _rewrite_barriers(source: str) -> str:
-    try:
-        from .ptx import find_asm
-    except ImportError:  # pragma: no cover - ptx.py ships with the package
-        return source
     out, pos = [], 0
     for stmt in find_asm(source):
         if stmt.active is False:
@@ -289,21 +261,6 @@ def _rewrite_barriers(source: str) -> str:
     return "".join(out)
 
 
-def _translate_ptx(source: str) -> str:
-    try:
-        from . import ptx
-    except ImportError:  # pragma: no cover
-        ptx = None
-    if ptx is not None and hasattr(ptx, "translate"):
-        return ptx.translate(source)
-    m = re.search(r"\b(?:asm|__asm__)\s*(?:volatile|__volatile__)?\s*\(", source)
-    if m:
-        end = source.find(";", m.end())
-        raise EmulatorError(f"inline asm the emulator cannot run at line {_line_of(source, m.start())}: "
-                            f"{source[m.start():end + 1]}")
-    return source
-
-
 def rewrite_source(cuda_source: str) -> tuple:
     """``(rewritten source, kernel names)``: the C++ the compiler gets (module docstring, step 1)."""
     if not isinstance(cuda_source, str):
@@ -313,7 +270,7 @@ def rewrite_source(cuda_source: str) -> tuple:
         raise EmulatorError("the CUDA source has no __global__ function (expected "
                             "'extern \"C\" __global__ void NAME(...)')")
     source = _rewrite_barriers(cuda_source)
-    source = _translate_ptx(source)
+    source = translate(source)
     source = _rewrite_shared(source)
     cases = "\n".join(f"  RAMMER_EMU_KERNEL_CASE({k})" for k in kernels)
     sigs = "\n".join(f"  RAMMER_EMU_SIGNATURE_CASE({k})" for k in kernels)

@@ -460,7 +460,7 @@ def _unescape(literal: str) -> str:
     return "".join(out)
 
 
-def _split_top(text: str, sep: str) -> list:
+def split_top(text: str, sep: str) -> list:
     """Split at `sep` characters outside strings, comments and (), [], {} nesting."""
     parts, depth, cur, i, n = [], 0, [], 0, len(text)
     while i < n:
@@ -496,7 +496,7 @@ def _parse_operands(text: str, stmt: str) -> list:
     if not text.strip():
         return []
     ops = []
-    for part in _split_top(text, ","):
+    for part in split_top(text, ","):
         m = _OPERAND.match(part)
         if not m:
             raise EmulatorError(f"cannot read the asm operand {part.strip()!r} of:\n{stmt}")
@@ -511,7 +511,7 @@ def _parse_statement(stmt: AsmStatement, source: str) -> None:
     head = _strip_comments(text[:open_paren]).split()
     stmt.qualifiers = tuple(h for h in head[1:])
     inner = text[open_paren + 1:text.rindex(")")]
-    sections = _split_top(inner, ":")
+    sections = split_top(inner, ":")
     literals = []
     rest = _strip_comments(sections[0]).strip()
     while rest:
@@ -884,7 +884,7 @@ def _translate_instruction(ins: str, ctx: _Ctx) -> str:
     if not m:
         raise _Unsupported(f"instruction {ins!r}")
     opcode, rest = m.group(1), m.group(2)
-    args = [a.strip() for a in _split_top(rest, ",")] if rest.strip() else []
+    args = [a.strip() for a in split_top(rest, ",")] if rest.strip() else []
     for pattern, handler in _INSTRUCTIONS:
         pm = pattern.fullmatch(opcode)
         if pm:
