@@ -18,7 +18,7 @@ import tvm
 import tvm_ffi
 
 from tvm_rammer import RammerConfig, faults
-from tvm_rammer.codegen.persistent import BARRIER_KIND, INST_WORDS
+from tvm_rammer.codegen.persistent import waiting_barriers
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
 from tvm_rammer.runner import onnx_reference, random_inputs
@@ -268,14 +268,10 @@ def test_injected_fault_is_decoded_from_the_emulated_page(branches):
 
 def _without_waits(table: np.ndarray, num_veus: int) -> int:
     """Set every barrier-rTask's wait count to 0 in ``table`` (in place); how many there were."""
-    removed = 0
-    base = num_veus + 1
-    for i in range(int(table[num_veus])):
-        at = base + INST_WORDS * i
-        if table[at] == BARRIER_KIND and table[at + 2] > 0:
-            table[at + 2] = 0
-            removed += 1
-    return removed
+    waiting = waiting_barriers(table, num_veus)
+    for at in waiting:
+        table[at + 2] = 0
+    return len(waiting)
 
 
 @pytest.mark.parametrize("name, params, vdevice", [

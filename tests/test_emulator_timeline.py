@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tvm_rammer import RammerConfig
-from tvm_rammer.codegen.persistent import BARRIER_KIND, INST_WORDS
+from tvm_rammer.codegen.persistent import waiting_barriers
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
 from tvm_rammer.runner import onnx_reference, random_inputs
@@ -45,13 +45,10 @@ def _instrumented(proto, config):
 
 
 def _without_waits(table: np.ndarray, num_veus: int) -> int:
-    removed = 0
-    for i in range(int(table[num_veus])):
-        at = num_veus + 1 + INST_WORDS * i
-        if table[at] == BARRIER_KIND and table[at + 2] > 0:
-            table[at + 2] = 0
-            removed += 1
-    return removed
+    waiting = waiting_barriers(table, num_veus)
+    for at in waiting:
+        table[at + 2] = 0
+    return len(waiting)
 
 
 def _run(build, proto, names, waits: bool):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .codegen.cuda_helpers import FAULT_WAIT_TIMEOUT, PAGE_WORDS
-from .codegen.persistent import BARRIER_KIND, INST_WORDS
+from .codegen.persistent import waiting_barriers
 
 PAGE_FUNC = "rammer_fault_page"
 PAGE_MAGIC = 0x52414D4D  # "RAMM": the page's last word
@@ -77,12 +77,9 @@ def inject_test_fault(table: np.ndarray, num_veus: int, config) -> np.ndarray:
     if not config.extra.get(INJECT_KEY, False):
         return table
     table = np.array(table, dtype=np.int32)
-    base = num_veus + 1
-    for i in range(int(table[num_veus])):
-        at = base + INST_WORDS * i
-        if table[at] == BARRIER_KIND and table[at + 2] > 0:
-            table[table[at + 1] + 1] = 10 ** 9
-            return table
+    waiting = waiting_barriers(table, num_veus)
+    if waiting:
+        table[table[waiting[0] + 1] + 1] = 10 ** 9
     return table
 
 

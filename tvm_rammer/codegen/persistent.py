@@ -204,6 +204,14 @@ def has_barriers(table: np.ndarray, num_veus: int) -> bool:
     return bool(np.any(kinds == BARRIER_KIND))
 
 
+def waiting_barriers(table: np.ndarray, num_veus: int) -> list:
+    """Table indices of the barrier-rTask instructions that wait for at least one pair, in table
+    order (the fault injection of the tests and the emulator's negative controls edit them)."""
+    base = num_veus + 1
+    return [at for at in range(base, base + INST_WORDS * int(table[num_veus]), INST_WORDS)
+            if table[at] == BARRIER_KIND and table[at + 2] > 0]
+
+
 def _uniform(cond):
     """Mark a block-uniform condition, so TVM's ThreadSync may keep barriers inside it."""
     return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", cond)
