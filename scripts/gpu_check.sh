@@ -96,7 +96,7 @@ stage_body() {
   local stage="$1" dir="$2" m
   case "$stage" in
     smoke)
-      py -m tvm_rammer.cli demo > "$dir/demo.log" 2>&1
+      py -m tvm_rammer.cli demo --profile-budget 60 --no-progress > "$dir/demo.log" 2>&1
       py -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider > "$dir/gpu_tests.log" 2>&1 ;;
     gpu-tests)
       py -m pytest -q -m gpu tests --ignore=tests/test_gpu.py -p no:cacheprovider \
