@@ -226,8 +226,11 @@ def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 105
     Pass ``p`` reads a thread's elements starting at its ``p``-th (``(k + p) mod per_thread``):
     the same bytes every pass, but addresses that depend on the pass, so nvcc cannot hoist the
     loads out of the pass loop (with ``k`` alone it read the buffer once and counted 32 passes:
-    ~32x the real bandwidth). Reads ``per_thread * blocks * threads`` elements per pass
-    (:func:`l2_bytes_per_pass`)."""
+    ~32x the real bandwidth). And block ``b`` reads the slice of block ``(b + p) mod blocks``: a
+    block's own slice (15 KiB, 8 blocks an SM) fits in the SM's L1, and TVM's reads of a
+    read-only buffer (``ld.global.nc``) are cached there, so re-reading it measured L1, not L2
+    (17.7 TB/s on the H200, 2026-11-25); an SM's blocks never share a slice within 32 passes.
+    Reads ``per_thread * blocks * threads`` elements per pass (:func:`l2_bytes_per_pass`)."""
     from tvm.script import tirx as T
 
     n = mib * (1 << 20) // 4
@@ -246,7 +249,8 @@ def l2_read_kernel(mib: int = L2_MIB, passes: int = L2_PASSES, blocks: int = 105
                         with T.init():
                             acc[vb * threads + vt] = T.float32(0)
                         acc[vb * threads + vt] = acc[vb * threads + vt] + x[
-                            T.floormod(vk + vp, per_thread) * total + vb * threads + vt]
+                            T.floormod(vk + vp, per_thread) * total
+                            + T.floormod(vb + vp, blocks) * threads + vt]
                 with T.sblock("write"):
                     vb, vt = T.axis.remap("SS", [b, t])
                     out[vb * threads + vt] = acc[vb * threads + vt]
