@@ -14,6 +14,10 @@
 # stage cut short keeps what it did. The directory is ready to commit under benchmarks/results/.
 # Every stage is run under `timeout` (STAGE_LIMIT_S, default 480 s = 8 min): a stage that overruns
 # is stopped and recorded (exit 124), the next one is unaffected.
+# On the device tool (at most 8 files of 16 MiB come back per call, $OUT emptied before each), as on
+# 2026-11-25: keep OUT_DIR on the machine and pack it after every stage, e.g.
+#   R=/tmp/gpures; for s in smoke zoo-lstm_tc; do bash scripts/gpu_check.sh $s $R;
+#     tar czf $OUT/gpures.tgz -C /tmp gpures; done
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,12 +26,16 @@ EPILOGUE="lstm_tc seq2seq"
 SANITIZED="branches lstm_tc squeezenet"
 LIMIT="${STAGE_LIMIT_S:-480}"
 
-# --- the plan: stage, estimated minutes on an H100/H200 (not yet measured on one), outputs ---
+# --- the plan: stage, estimated minutes, outputs. Measured on the H200 (2026-11-25): demo 1 min,
+# test_gpu.py over 4 min (so its random DAGs are a stage of their own), a zoo model without profiling
+# 1.5 min (lstm_tc and nasnet_cifar: 188 s together, export and timing included) ---
 plan() {
-  echo "smoke 3 smoke/{demo.log,gpu_tests.log}: tvm-rammer demo and tests/test_gpu.py"
-  echo "gpu-tests 6 gpu-tests/gpu_tests.log: every other -m gpu test"
+  echo "smoke 4 smoke/{demo.log,gpu_tests.log}: tvm-rammer demo and tests/test_gpu.py but its random DAGs"
+  echo "gpu-tests 8 gpu-tests/<file>.log: the other -m gpu tests, first half of their files (150 s a file)"
+  echo "gpu-tests-2 8 gpu-tests-2/<file>.log: the other -m gpu tests, second half of their files"
+  echo "gpu-dags 4 gpu-dags/gpu_tests.log: tests/test_gpu.py's 30 random DAGs vs onnxruntime"
   for m in $ZOO; do
-    echo "zoo-$m 5 zoo-$m/run.json: $m at full size vs onnxruntime, latency vs TVM's default (profile budget 120 s)"
+    echo "zoo-$m 3 zoo-$m/run.json: $m at full size vs onnxruntime, latency vs TVM's default (no profiling; the profile database read)"
   done
   for m in $ZOO; do
     echo "profile-$m 7 profiles/<device>.json, profile-$m/inspect.json: $m's kernels and rPrograms measured (budget 360 s; run again to continue)"
@@ -86,9 +94,27 @@ profiles_db() {  # the JSON profile database of this device (seeded from the shi
   echo "$out/profiles/$slug.json"
 }
 
-model_file() {  # $1 model, $2 dir -> the ONNX file (full size)
-  [ -f "$2/$1.onnx" ] || py -m tvm_rammer.cli model "$1" -o "$2/$1.onnx" >/dev/null
-  echo "$2/$1.onnx"
+model_file() {  # $1 model -> the ONNX file (full size), outside OUT_DIR (a stage cut short by its
+  # limit would leave it there, and OUT_DIR is what comes back from a GPU machine)
+  local models="${TMPDIR:-/tmp}/gpu_check_models"; mkdir -p "$models"
+  [ -f "$models/$1.onnx" ] || py -m tvm_rammer.cli model "$1" -o "$models/$1.onnx" >/dev/null
+  echo "$models/$1.onnx"
+}
+
+gpu_test_files() {  # $1: 1 or 2 -> that half of the test files with -m gpu tests, test_gpu.py aside
+  local files; files=$(grep -l "mark.gpu" tests/test_*.py | grep -v "tests/test_gpu.py" | sort)
+  local n; n=$(echo "$files" | wc -l)
+  if [ "$1" = 1 ]; then echo "$files" | head -n $(( (n + 1) / 2 )); else echo "$files" | tail -n +$(( (n + 1) / 2 + 1 )); fi
+}
+
+pytest_files() {  # $1 dir, then files: one pytest run per file, each with its own log and limit,
+  # so a file that hangs or a stage cut short still leaves every earlier file's failures in full
+  local dir="$1" f rc=0; shift
+  for f in "$@"; do
+    run timeout --kill-after=10 "${FILE_LIMIT_S:-150}" python3 -m pytest -q -m gpu "$f" \
+      -p no:cacheprovider -rf --durations=5 > "$dir/$(basename "$f" .py).log" 2>&1 || rc=$?
+  done
+  return $rc
 }
 
 # --- the stages (each writes into $dir) ---
@@ -97,28 +123,33 @@ stage_body() {
   case "$stage" in
     smoke)
       py -m tvm_rammer.cli demo --profile-budget 60 --no-progress > "$dir/demo.log" 2>&1
-      py -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider > "$dir/gpu_tests.log" 2>&1 ;;
+      py -m pytest -q -m gpu tests/test_gpu.py -k "not random_dags" -p no:cacheprovider -rf \
+        --durations=5 > "$dir/gpu_tests.log" 2>&1 ;;
     gpu-tests)
-      py -m pytest -q -m gpu tests --ignore=tests/test_gpu.py -p no:cacheprovider \
+      # shellcheck disable=SC2046
+      pytest_files "$dir" $(gpu_test_files 1) ;;
+    gpu-tests-2)
+      # shellcheck disable=SC2046
+      pytest_files "$dir" $(gpu_test_files 2) ;;
+    gpu-dags)
+      py -m pytest -q -m gpu tests/test_gpu.py -k random_dags -p no:cacheprovider -rf \
         > "$dir/gpu_tests.log" 2>&1 ;;
     zoo-*)
       m=${stage#zoo-}
-      py -m tvm_rammer.cli run "$(model_file "$m" "$dir")" --profile-db "$(profiles_db)" \
-        --profile-budget 120 --json > "$dir/run.json" 2> "$dir/run.err"
-      local rc=$?; rm -f "$dir/$m.onnx"; return $rc ;;
+      py -m tvm_rammer.cli run "$(model_file "$m")" --profile-db "$(profiles_db)" --no-profile \
+        --no-progress --json > "$dir/run.json" 2> "$dir/run.err" ;;
     profile-*)
       m=${stage#profile-}
-      py -m tvm_rammer.cli inspect "$(model_file "$m" "$dir")" --profile-db "$(profiles_db)" \
-        --profile-budget 360 --json > "$dir/inspect.json" 2> "$dir/inspect.err"
-      local rc=$?; rm -f "$dir/$m.onnx"; return $rc ;;
+      py -m tvm_rammer.cli inspect "$(model_file "$m")" --profile-db "$(profiles_db)" \
+        --profile-budget 360 --json > "$dir/inspect.json" 2> "$dir/inspect.err" ;;
     epilogue-*)
       m=${stage#epilogue-}
-      local f; f=$(model_file "$m" "$dir"); local rc=0
+      local f; f=$(model_file "$m"); local rc=0
       py -m tvm_rammer.cli run "$f" --profile-db "$(profiles_db)" --profile-budget 60 --json \
         > "$dir/with.json" 2> "$dir/with.err" || rc=$?
       py -m tvm_rammer.cli run "$f" --profile-db "$(profiles_db)" --profile-budget 60 --json \
         --no-gemv-epilogue > "$dir/without.json" 2> "$dir/without.err" || rc=$?
-      rm -f "$f"; return $rc ;;
+      return $rc ;;
     l2)
       py - "$dir/l2.json" <<'PY'
 import json, sys
@@ -160,7 +191,7 @@ run_stage() {
   mkdir -p "$dir"
   echo "== $stage (at most ${LIMIT} s) -> $dir"
   start=$(date +%s)
-  export -f stage_body run py model_file profiles_db device_slug
+  export -f stage_body run py model_file profiles_db device_slug gpu_test_files pytest_files
   export out
   timeout --kill-after=30 "$LIMIT" bash -c 'stage_body "$@"' _ "$stage" "$dir"
   rc=$?

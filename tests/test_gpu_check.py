@@ -22,7 +22,8 @@ def _plan():
 def test_the_plan_has_stages_of_at_most_8_minutes_in_order_of_value():
     stages = _plan()
     names = [name for name, _, _ in stages]
-    assert names[:2] == ["smoke", "gpu-tests"] and len(names) == len(set(names))
+    assert names[:4] == ["smoke", "gpu-tests", "gpu-tests-2", "gpu-dags"]
+    assert len(names) == len(set(names))
     assert all(1 <= minutes <= 8 for _, minutes, _ in stages), stages
     assert all(outputs for _, _, outputs in stages)
     first = {kind: min(i for i, n in enumerate(names) if n.startswith(kind))
@@ -71,3 +72,24 @@ def test_a_stage_past_its_limit_is_stopped_and_recorded(tmp_path, limit):
                           text=True, cwd=REPO, env=env, timeout=120)
     assert proc.returncode == 124
     assert '"stage": "l2", "exit": 124' in (tmp_path / "out" / "stages.jsonl").read_text()
+
+
+def test_the_two_gpu_test_stages_run_every_gpu_test_file_once(tmp_path):
+    """Each file its own pytest run and log (a cut stage keeps earlier files' failures in full);
+    together the two stages name every test file with -m gpu tests but test_gpu.py exactly once."""
+    import glob
+
+    env = dict(os.environ, GPU_CHECK_DRY="1")
+    named = []
+    for stage in ("gpu-tests", "gpu-tests-2"):
+        subprocess.run(["bash", SCRIPT, stage, str(tmp_path)], check=True, capture_output=True,
+                       cwd=REPO, env=env, timeout=120)
+        logs = sorted(p.name for p in (tmp_path / stage).iterdir())
+        assert logs, stage
+        for log in logs:
+            (line,) = (tmp_path / stage / log).read_text().splitlines()
+            assert re.search(rf"pytest -q -m gpu tests/{log[:-4]}\.py ", line), line
+            named.append(log[:-4] + ".py")
+    expected = sorted(os.path.basename(f) for f in glob.glob(os.path.join(REPO, "tests", "test_*.py"))
+                      if "mark.gpu" in open(f).read() and not f.endswith("test_gpu.py"))
+    assert sorted(named) == expected and len(expected) >= 4
