@@ -261,7 +261,7 @@ class NimbleExecutor:
         for node in self.kernels:
             for t in node.inputs:
                 if t.is_constant and t not in tensors:
-                    tensors[t] = tvm.runtime.tensor(t.expr.data.numpy(), self.dev)
+                    tensors[t] = tvm.runtime.tensor(t.expr.value.numpy(), self.dev)
             for t in node.outputs:
                 tensors[t] = tvm.runtime.empty([int(d) for d in t.shape], t.dtype, self.dev)
         return tensors
