@@ -219,3 +219,42 @@ def mixed_relax_module():
             out = bb.emit_output(relax.Tuple([a, p, w]))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def single_node(op, x_shape, y_shape, inits=(), opset=OPSET, **attrs):
+    """One ONNX node ``op`` reading input ``X`` (float32, ``x_shape``) and the initializers
+    ``inits`` (``{name: array}``, in the node's input order), writing ``Y`` (float32, ``y_shape``)."""
+    node = helper.make_node(op, ["X", *inits], ["Y"], **attrs)
+    graph = helper.make_graph(
+        [node], op.lower(), [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, y_shape)],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()] if inits else [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def _axes(*axes):
+    return {"axes": np.array(axes, np.int64)}
+
+
+# Reductions over a few elements (fewer than 32 threads per rTask: warp shuffles under early exit)
+# and powers of possibly negative bases (CUDA's fast math computes powf(x, y) as 2^(y log2 x)):
+# the GPU tests' and the emulator tests' small models, each of them a single node.
+SMALL_REDUCTIONS = {
+    "mvn": lambda: single_node("MeanVarianceNormalization", [3, 3, 3, 1], [3, 3, 3, 1]),
+    "mvn_axes23": lambda: single_node("MeanVarianceNormalization", [2, 3, 5, 1], [2, 3, 5, 1],
+                                      axes=[2, 3]),
+    "pow_const3": lambda: single_node("Pow", [3, 4], [3, 4], {"E": np.float32(3.0)}),
+    "pow_tensor": lambda: single_node(  # integer exponents, odd, even, zero and negative
+        "Pow", [3, 4], [3, 4], {"E": np.array([[0, 1, 2, 3]] * 2 + [[4, -1, 5, 2]], np.float32)}),
+    "reduce_mean": lambda: single_node("ReduceMean", [3, 5, 3], [3, 1, 3], _axes(1), opset=18),
+    "reduce_max": lambda: single_node("ReduceMax", [3, 9, 2], [3, 1, 2], _axes(1), opset=18),
+    "reduce_l2": lambda: single_node("ReduceL2", [3, 7], [3, 1], _axes(1), opset=18),
+    "reduce_sum_square": lambda: single_node("ReduceSumSquare", [3, 7], [3, 1], _axes(1), opset=18),
+    "softmax": lambda: single_node("Softmax", [4, 5], [4, 5], axis=1),
+    "layer_norm": lambda: single_node("LayerNormalization", [4, 6], [4, 6],
+                                      {"scale": np.linspace(0.5, 1.5, 6, dtype=np.float32)}),
+    "instance_norm": lambda: single_node("InstanceNormalization", [2, 3, 5], [2, 3, 5],
+                                         {"s": np.ones(3, np.float32), "b": np.zeros(3, np.float32)}),
+}

@@ -371,7 +371,9 @@ inline float __sinf(float x) { return sinf(x); }
 inline float __cosf(float x) { return cosf(x); }
 inline float __tanf(float x) { return tanf(x); }
 inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
-inline float __powf(float x, float y) { return powf(x, y); }
+// __powf is 2^(y * log2 x) on the GPU (lg2.approx, ex2.approx): NaN for every x < 0 (even when
+// y is an integer: __powf(-3, 2) is NaN, powf(-3, 2) is 9), NaN for x = 0 with y = 0.
+inline float __powf(float x, float y) { return exp2f(y * log2f(x)); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float fdividef(float x, float y) { return x / y; }
 inline double fdivide(double x, double y) { return x / y; }
@@ -459,6 +461,14 @@ inline unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned umax(unsigned a, unsigned b) { return a > b ? a : b; }
 inline unsigned long long ullmin(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
 inline unsigned long long ullmax(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+
+// ---------------------------------------------------------------------------- --use_fast_math
+// TVM compiles every CUDA module with --use_fast_math (tvm/support/nvcc.py: always under NVRTC,
+// under nvcc unless TVM_CUDA_NVCC_NO_FAST_MATH is set), and the GPU then computes powf as __powf
+// (expf, logf, sinf, ... as __expf, __logf, __sinf too: those are the same functions here up to
+// rounding, so they are left alone). powf is the one whose domain changes (NaN for every
+// negative base), so the generated code's powf is the GPU's __powf here as well.
+#define powf(x, y) __powf((x), (y))
 
 // ---------------------------------------------------------------------------- cooperative groups
 namespace cooperative_groups {
