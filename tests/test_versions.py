@@ -123,7 +123,9 @@ def test_unmeasured_versions_leave_only_the_pipelines_dlight_schedule(versions):
     op = rkernels.operator_versions(0, gv.name_hint, mod[gv], found, RammerConfig(), vdevice, nothing)
     assert {k.source for k in op.kernels} == {"dlight"}
     assert all(k.name.split(":")[1].startswith("dlight#") for k in op.kernels)
-    assert [k.blocks_per_rtask for k in op.kernels] == rkernels.coarsenings(found[0].lowered.num_rtasks)
+    lowered = found[0].lowered
+    assert [k.blocks_per_rtask for k in op.kernels] == rkernels.coarsenings(
+        lowered.num_rtasks, rkernels.coarse_floor(lowered, RammerConfig(), vdevice))
     assert {t.source for t in op.timing} == {"analytical"}
 
 

@@ -88,6 +88,17 @@ class RammerConfig:
     precision: "float32" (default) or "float16": the model is converted with Relax
         ``ToMixedPrecision`` (float16 storage, float32 accumulation in conv2d/matmul), whose GEMMs
         then get tensor-core rKernel versions on sm_80+ targets.
+    coarsen_below_veus: False (default): an rKernel version is offered coarsened (several thread
+        blocks per rTask, ``rkernels.coarsenings``) only while its rTasks still number at least the
+        vEUs the device holds of it (SMs x the vEUs per SM its threads and shared memory allow), so
+        coarsening only saves dispatch overhead and never leaves vEUs idle. The cost model times a
+        block as its share of the device's peak throughput, so it cannot see that 256 blocks run one
+        after another on one vEU take 256 block latencies: with the lower limit alone (16 rTasks)
+        it chose e.g. 128 rTasks of 256 blocks for NASNet-CIFAR's 32,768-block convolutions on 528
+        vEUs (276 of its 602 operators, 99.7% of its blocks, on under a quarter of the vEUs; that
+        build ran 11,207 us vs TVM's default 6,663 us on an H200; how much of it the coarsening
+        costs is not measured apart). True: coarsen down to 16 rTasks (the behaviour before; for
+        ablations).
     emulate_versions: check every rKernel version of every placeable operator against TVM's
         default kernel on the CPU emulator (``tvm_rammer.emulator.versions``; needs g++) and never
         use one that is not valid there (CLI ``--emulate`` on inspect/compile). No times: the
@@ -123,6 +134,7 @@ class RammerConfig:
     precision: str = "float32"
     policy: str = "rammer"
     emulate_versions: bool = False
+    coarsen_below_veus: bool = False
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

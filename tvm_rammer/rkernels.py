@@ -213,16 +213,31 @@ def _fits(lowered, vdevice: VDevice) -> bool:
     return True
 
 
-def coarsenings(blocks: int) -> list:
+def coarsenings(blocks: int, min_rtasks: int = MIN_COARSE_RTASKS) -> list:
     """Blocks per rTask offered for a kernel of ``blocks`` thread blocks: 1, then powers of two up
-    to ``MAX_BLOCKS_PER_RTASK`` while at least ``MIN_COARSE_RTASKS`` rTasks remain. The policy's
-    SelectRKernels weighs them like any rKernel: the same code, fewer rTasks to dispatch (each
-    costs ``per_rtask_overhead_us`` of table decoding and synchronisation), less balance."""
+    to ``MAX_BLOCKS_PER_RTASK`` while at least ``max(min_rtasks, MIN_COARSE_RTASKS)`` rTasks
+    remain. The policy's SelectRKernels weighs them like any rKernel: the same code, fewer rTasks
+    to dispatch (each costs ``per_rtask_overhead_us`` of table decoding and synchronisation), less
+    balance. :func:`operator_versions` passes the vEUs the device holds of the kernel as
+    ``min_rtasks`` (``RammerConfig.coarsen_below_veus``)."""
+    floor = max(int(min_rtasks), MIN_COARSE_RTASKS)
     found, b = [1], 2
-    while b <= MAX_BLOCKS_PER_RTASK and -(-blocks // b) >= MIN_COARSE_RTASKS:
+    while b <= MAX_BLOCKS_PER_RTASK and -(-blocks // b) >= floor:
         found.append(b)
         b *= 2
     return found
+
+
+def coarse_floor(lowered, config: RammerConfig, vdevice: VDevice) -> int:
+    """The fewest rTasks a coarsened variant of ``lowered`` may have: the vEUs the device holds of
+    it (SMs x vEUs per SM for its threads and shared memory), unless
+    ``config.coarsen_below_veus`` (then ``MIN_COARSE_RTASKS``)."""
+    if config.coarsen_below_veus:
+        return MIN_COARSE_RTASKS
+    per_sm = vdevice.occupancy(lowered.threads, None, lowered.shared_bytes)
+    if config.veus_per_sm is not None:
+        per_sm = min(per_sm, config.veus_per_sm)
+    return vdevice.num_sms * per_sm
 
 
 def _trusted(record) -> bool:
@@ -239,7 +254,8 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     candidate, timed by its record; versions measured wrong are dropped (``dropped``). Otherwise the
     pipeline's dlight version is the only one, timed by the analytical model: templates, other
     tiles and tuning records are never chosen on a guess. Each version is offered coarsened too
-    (:func:`coarsenings`): the same kernel code with several thread blocks per rTask. A measured
+    (:func:`coarsenings`): the same kernel code with several thread blocks per rTask, only while
+    its rTasks still fill every vEU the device holds of it (``RammerConfig.coarsen_below_veus``). A measured
     per-rTask time gets the cost model's dispatch overhead added (a kernel timed alone has none). Raises ``UnsupportedKernel`` when no
     version can run as rTasks, or when the dlight version itself was measured wrong.
     ``func`` is the operator's scheduled PrimFunc (for its FLOPs and bytes); each version's
@@ -296,7 +312,7 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
             timing = Timing(body + overhead, source, registers, record["kernel_us"])
         else:
             timing = Timing(estimate, "analytical")
-        for blocks in coarsenings(lowered.num_rtasks):
+        for blocks in coarsenings(lowered.num_rtasks, coarse_floor(lowered, config, vdevice)):
             kernels.append(RKernel(
                 name=f"{name}:{version.name}#{version.key[:8]}" + (f"x{blocks}" if blocks > 1 else ""),
                 num_rtasks=-(-lowered.num_rtasks // blocks), threads=lowered.threads,
