@@ -145,12 +145,32 @@ def test_nimble_executor_matches_onnxruntime(name):
     feeds = random_inputs(proto, 0)
     inputs = [feeds[v.name] for v in proto.graph.input if v.name in feeds]
     kernels = nimble.default_kernels(import_onnx(proto), "rammer/nvidia-h100")
-    executor = nimble.NimbleExecutor(kernels, "nvidia/nvidia-h100")
-    executor.prepare(inputs)
-    outs = executor.replay()
+    with nimble.NimbleExecutor(kernels, "nvidia/nvidia-h100") as executor:
+        executor.prepare(inputs)  # ends with the kernels' outputs set to NaN
+        outs = executor.replay()  # so these come from the graph
+        ref = onnx_reference(proto, feeds)
+        assert max(relative_error(o, r) for o, r in zip(outs, ref)) <= 1e-4
+        assert len(executor.time(20)) == 20
+
+
+@pytest.mark.gpu
+def test_nimble_bench_column_is_checked_and_timed_on_the_gpu(recwarn):
+    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.runner import onnx_reference, random_inputs
+
+    if nimble._cudart() is None:
+        pytest.skip("needs cuda-python")
+    proto = get_model("branches", **REDUCED["branches"])
+    feeds = random_inputs(proto, 0)
+    inputs = [feeds[v.name] for v in proto.graph.input if v.name in feeds]
     ref = onnx_reference(proto, feeds)
-    assert max(relative_error(o, r) for o, r in zip(outs, ref)) <= 1e-4
-    assert len(executor.time(20)) == 20
+    result = nimble.bench_nimble(import_onnx(proto), "rammer/nvidia-h100", True, inputs, runs=20,
+                                 check=lambda outs: max(relative_error(o, r)
+                                                        for o, r in zip(outs, ref)),
+                                 name="branches")
+    assert result["status"] == "ok", result.get("reason")
+    assert result["latency_us"] > 0 and not [w for w in recwarn if "nimble" in str(w.message)]
 
 
 @pytest.mark.gpu

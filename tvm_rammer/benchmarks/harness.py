@@ -212,7 +212,8 @@ def bench_model(job: dict, emit) -> None:
 
         emit({"event": "stage", "stage": f"{sysmod.NIMBLE}"})
         try:
-            result = bench_nimble(mod, job["target"], timing, inputs, job["runs"], check)
+            result = bench_nimble(mod, job["target"], timing, inputs, job["runs"], check,
+                                  tolerance=tolerance, name=name)
         except Exception as err:
             result = {"status": "failed", "stage": "nimble", "reason": _short(err)}
         emit({"event": "result", "system": sysmod.NIMBLE, "result": result})
