@@ -18,7 +18,8 @@ capture ends on the stream where it began, with every joined stream's work joine
 (``cudaErrorStreamCaptureUnjoined`` otherwise). Illegal while capturing (recorded in ``illegal``,
 and the capture invalidated as CUDA does): synchronising a capturing stream or a captured event,
 waiting on an event recorded outside the capture (``cudaErrorStreamCaptureIsolation``), merging
-two captures, the legacy stream while a blocking stream captures (``cudaErrorStreamCaptureImplicit``).
+two captures, the legacy stream while a blocking stream captures
+(``cudaErrorStreamCaptureImplicit``).
 Kernel launches are reported by the test through :meth:`FakeCudart.launch` with TVM's current
 stream (what TVM's CUDA launcher reads); one on the legacy or an unknown stream while a capture is
 open runs at once, outside the graph, and is recorded in ``illegal``.
@@ -118,7 +119,7 @@ class cudaGraphExec_t(_Handle):
 
 class _Capture:
     def __init__(self, origin, blocking):
-        self.origin, self.streams, self.nodes = origin, {origin}, []
+        self.origin, self.nodes = origin, []
         self.blocking, self.invalid = blocking, None
 
 
@@ -327,7 +328,6 @@ class FakeCudart:
         if cap is None:
             if source is not None:  # the stream joins the capture
                 state["capture"], state["frontier"] = source, set(ev["deps"])
-                source.streams.add(id(state))
             return
         if source is None:
             self._illegal("cudaStreamWaitEvent", cudaError_t.cudaErrorStreamCaptureIsolation,
@@ -444,7 +444,8 @@ class FakeCudart:
         cap = state["capture"] if state is not None else None
         if cap is None:
             if self._open_captures():
-                where = "the legacy stream" if not stream_address else "a stream outside the capture"
+                where = ("the legacy stream" if not stream_address
+                         else "a stream outside the capture")
                 self.illegal.append(("kernel " + name, f"launched on {where} while capturing "
                                      "(runs now, not in the graph)"))
                 if not stream_address:
@@ -455,8 +456,8 @@ class FakeCudart:
             return fn(*args)
         if cap.invalid is not None:  # what TVM's launcher raises on cuLaunchKernelEx's error
             raise RuntimeError("CUDALaunch Error: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
-        cap.nodes.append({"name": name, "fn": fn, "args": args, "deps": frozenset(state["frontier"]),
-                          "stream": stream_address})
+        cap.nodes.append({"name": name, "fn": fn, "args": args, "stream": stream_address,
+                          "deps": frozenset(state["frontier"])})
         state["frontier"] = {len(cap.nodes) - 1}
         self.launched.append((name, stream_address, "captured"))
         return None

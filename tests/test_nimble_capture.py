@@ -1,6 +1,7 @@
 """The Nimble executor's issue, capture and replay on the CPU (tvm_rammer.benchmarks.nimble): TVM's
 CPU kernels of the same default operators, the CUDA runtime replaced by a stand-in that keeps
-cuda-bindings 13's conventions and forbids what stream capture forbids (tests/nimble_fake_cudart.py).
+cuda-bindings 13's conventions and forbids what stream capture forbids
+(tests/nimble_fake_cudart.py).
 Checked: outputs of the replayed graph against onnxruntime, every kernel captured once on its
 stream, no illegal call during capture, TVM's stream given back, nothing leaked; negative controls
 (missing synchronisations, kernels on the legacy stream, a failing call mid-capture, wrong argument
@@ -218,7 +219,7 @@ def test_the_stand_in_refuses_what_capture_forbids(mistake, error):
     assert fake.capturing() == []
 
 
-# --- the stand-in against the real bindings (where cuda-python is installed) -----------------------
+# --- the stand-in against the real bindings (where cuda-python is installed) -------------------
 
 CALLS = ["cudaStreamCreateWithFlags", "cudaStreamDestroy", "cudaEventCreate",
          "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaEventRecord", "cudaStreamWaitEvent",
@@ -248,6 +249,36 @@ def test_the_stand_in_keeps_the_real_bindings_names_arities_and_codes():
     assert real.cudaStreamWaitEvent.__doc__.startswith("cudaStreamWaitEvent(stream, event,")
 
 
+def test_every_call_of_a_run_is_one_the_real_bindings_accept(tvm_stream):
+    """The executor's calls of a whole run (branches: streams, events, capture, replay, timing,
+    close), made again with the real cuda-bindings and handles of the real types: no TypeError
+    and a tuple whose first item is a cudaError_t. Without a GPU only (the handles are not real)."""
+    real = pytest.importorskip("cuda.bindings.runtime")
+    from tvm_rammer.gpu import gpu_available
+
+    if gpu_available():
+        pytest.skip("replays made-up handles: only where no GPU can be reached")
+    proto, inputs, _ = _model("branches")
+    fake = FakeCudart()
+    with _executor(proto, fake) as ex:
+        ex.prepare(inputs)
+        ex.replay()
+        ex.time(1)
+    kinds = {"cudaStream_t", "cudaEvent_t", "cudaGraph_t", "cudaGraphExec_t"}
+    made = set()
+    for name, args in fake.calls:
+        if name.startswith("cudaGetError"):
+            continue
+        made.add(name)
+        real_args = [getattr(real, type(a).__name__)(init_value=int(a))
+                     if type(a).__name__ in kinds else a for a in args]
+        if name == "cudaStreamBeginCapture":
+            real_args[1] = real.cudaStreamCaptureMode(int(args[1]))
+        result = getattr(real, name)(*real_args)
+        assert isinstance(result, tuple) and isinstance(result[0], real.cudaError_t), name
+    assert made == set(CALLS) - {"cudaStreamIsCapturing", "cudaGetErrorName", "cudaGetErrorString"}
+
+
 # --- the bench column ----------------------------------------------------------------------------
 
 class _CapturingExecutor(nimble.NimbleExecutor):
@@ -267,7 +298,8 @@ def test_bench_column_times_a_checked_replay_and_marks_a_failure_with_one_warnin
     fake = FakeCudart()
     ok = nimble.bench_nimble(import_onnx(proto), "llvm", True, inputs, runs=3, check=check,
                              name="branches", cudart=fake)
-    assert ok["status"] == "ok" and ok["max_rel_err"] <= 1e-4 and ok["latency_stats"]["samples"] == 10
+    assert ok["status"] == "ok" and ok["max_rel_err"] <= 1e-4
+    assert ok["latency_stats"]["samples"] == 10
     assert fake.live() == set() and len(recwarn) == 0
 
     fake = FakeCudart()

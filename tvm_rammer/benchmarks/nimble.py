@@ -310,7 +310,8 @@ class NimbleExecutor:
 
         self.cudart = cudart if cudart is not None else _cudart()
         if self.cudart is None:
-            raise ValueError(nimble_available() or "nimble needs cuda-python (pip install cuda-python)")
+            raise ValueError(nimble_available()
+                             or "nimble needs cuda-python (pip install cuda-python)")
         target = kernel_target(target)
         if dev is None:
             dev = tvm.cpu(0) if target.kind.name == "llvm" else tvm.cuda(0)
