@@ -237,7 +237,8 @@ def test_gpu_bench_checks_then_times_every_tvm_system(tmp_path):
 
 def test_l2_read_kernel_reads_every_element_once_per_pass():
     """The kernel behind the floor's measured L2 bandwidth (the cost model's l2_bw_gbps): each
-    of the grid's threads sums its strided share of the buffer ``passes`` times (checked on the
+    of the grid's threads sums a strided share of the buffer once per pass, pass p the share of
+    block b + p (so every pass reads the whole buffer once; checked on the
     CPU with the thread loops made serial), and it builds for sm_90a as one kernel."""
     import tvm
     from conftest_tir import serial_threads
@@ -248,7 +249,11 @@ def test_l2_read_kernel_reads_every_element_once_per_pass():
     x = np.random.default_rng(0).standard_normal((1 << 20) // 4).astype("float32")
     out = tvm.runtime.tensor(np.zeros(128, "float32"))
     lib["read_l2"](tvm.runtime.tensor(x), out)
-    np.testing.assert_allclose(out.numpy(), 3 * x.reshape(-1, 128).sum(axis=0), rtol=1e-4)
+    # pass p: block b sums block (b + p)'s column slice (its own slice would stay in the SM's L1)
+    slices = x.reshape(-1, 4, 32).sum(axis=0)  # [block, thread]
+    expected = sum(np.roll(slices, -p, axis=0) for p in range(3)).reshape(-1)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4)
+    assert not np.allclose(expected, 3 * slices.reshape(-1), rtol=1e-4)  # the old kernel's sums
     cuda = tvm.tirx.build(tvm.IRModule({"read_l2": func}),
                           tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     source = str(cuda.imports[0].inspect_source())
