@@ -293,6 +293,72 @@ def test_guarded_bind_loads_only_on_active_threads():
     assert "if_then_else" in str(out.seq[0].value) or "T.if_then_else" in str(out.seq[0])
 
 
+def test_local_arrays_are_cleared_where_declared_outside_the_guard():
+    """Every thread zeroes a body's ``alloc_local`` array right after its declaration, before the
+    early-exit guard; shared buffers and arrays too large for registers are left alone."""
+    from tvm_rammer.rocm.early_exit import MAX_CLEARED_ELEMENTS, cleared_locals
+    tid = tirx.Var("tid", "int32")
+    acc = tirx.decl_buffer((4,), "float32x2", name="acc", scope="local")
+    big = tirx.decl_buffer((MAX_CLEARED_ELEMENTS + 1,), "float32", name="big", scope="local")
+    smem = tirx.decl_buffer((8,), "float32", name="smem", scope="shared")
+    out_buf = tirx.decl_buffer((64,), "float32", name="out")
+    body = tirx.SeqStmt([
+        tirx.AllocBuffer(acc), tirx.AllocBuffer(big), tirx.AllocBuffer(smem),
+        tirx.For(tirx.Var("k", "int32"), 0, 2, tirx.ForKind.SERIAL, tirx.SeqStmt([
+            tirx.BufferStore(acc, tirx.Broadcast(tirx.const(1.0, "float32"), 2), [1]), _barrier()])),
+        tirx.BufferStore(out_buf, tirx.const(0.0, "float32"), [tid])])
+    out = cleared_locals(guard_work(body, tid, 32))
+    items = list(out.seq)
+    assert isinstance(items[0], tirx.AllocBuffer) and items[0].buffer.same_as(acc)
+    stores = items[1:5]
+    assert all(isinstance(s, tirx.BufferStore) and s.buffer.same_as(acc) for s in stores)
+    assert sorted(int(s.indices[0]) for s in stores) == [0, 1, 2, 3]
+    assert isinstance(items[5], tirx.AllocBuffer) and items[5].buffer.same_as(big)
+    assert isinstance(items[6], tirx.AllocBuffer) and items[6].buffer.same_as(smem)
+    assert isinstance(items[7], tirx.For)  # the guarded work follows, unchanged
+
+
+def _instruction_loop_state(model, monkeypatch, clear: bool):
+    """(code object metadata, float values the vEU's instruction loop carries from one rTask to
+    the next in TVM's optimized LLVM IR) of ``model``'s persistent kernels for MI300X."""
+    import re
+    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.rocm import early_exit
+    from tvm_rammer.rocm.report import build_code_object, persistent_funcs
+    from tvm_rammer.target import resolve_target
+    if not clear:
+        monkeypatch.setattr(early_exit, "cleared_locals", lambda stmt: stmt)
+    irs = []
+    compile_ir = rocm_build.compile_ir
+    monkeypatch.setattr(rocm_build, "compile_ir", lambda ir, mcpu: (irs.append(ir),
+                                                                      compile_ir(ir, mcpu))[1])
+    target = resolve_target(MI300X)
+    with target:
+        lowered = lower(import_onnx(model), target)
+    meta = codeobject.read_metadata(build_code_object(persistent_funcs(lowered), target))
+    headers = re.findall(r"^for_body_pc:.*\n((?:  %\S+ = phi .*\n)+)", irs[-1], re.M)
+    carried = [line for h in headers for line in h.splitlines()
+               if "float" in line.split(" phi ")[1].split("[")[0]]
+    return meta, carried
+
+
+def test_local_accumulators_do_not_live_across_the_instruction_loop(monkeypatch):
+    """A small SqueezeNet (fire modules: many conv bodies with register accumulators, early exit):
+    with every local array cleared where it is declared, the instruction loop carries no float
+    value and the kernel needs fewer VGPRs and no scratch; the negative control (clearing off)
+    carries every body's accumulators around the loop (on reduced SqueezeNet: 512 VGPRs and
+    956 B of scratch, benchmarks/README.md)."""
+    from tvm_rammer.models import get_model
+    model = get_model("squeezenet", image_size=32, width=0.125)
+    meta, carried = _instruction_loop_state(model, monkeypatch, clear=True)
+    monkeypatch.undo()
+    bad_meta, bad_carried = _instruction_loop_state(model, monkeypatch, clear=False)
+    assert carried == [] and bad_carried, "the control must carry accumulators"
+    for name, m in meta.items():
+        assert m.scratch_bytes == 0 and m.vgpr_spills == 0, name
+        assert m.vgprs < bad_meta[name].vgprs, name
+
+
 # --- the CLI -----------------------------------------------------------------------------------
 
 def test_cli_compile_and_inspect(tmp_path):
