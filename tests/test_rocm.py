@@ -209,6 +209,22 @@ def _broken(old, new):
     return src.replace(old, new)
 
 
+def test_code_objects_are_cached_by_content(monkeypatch, tmp_path):
+    """A second build of the same kernels takes the cached code object (no LLVM build of them,
+    same bytes); a different kernel is built (negative control)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = []
+    compile_ir = rocm_build.compile_ir
+    monkeypatch.setattr(rocm_build, "compile_ir",
+                        lambda ir, mcpu: (built.append(mcpu), compile_ir(ir, mcpu))[1])
+    _, first = _build(to_relax(parallel_branches(4, hidden=64)))
+    assert len(built) == 2 and os.listdir(rocm_build.cache_dir())  # the probe and the module
+    _, again = _build(to_relax(parallel_branches(4, hidden=64)))
+    assert len(built) == 2 and again == first
+    _, other = _build(to_relax(parallel_branches(4, hidden=32)))
+    assert len(built) == 4 and other != first
+
+
 @pytest.mark.parametrize("old,new,expected", [
     ("__scoped_atomic_store_n(state + veu, step, __ATOMIC_RELEASE, AGENT)",
      "__scoped_atomic_store_n(state + veu, step, __ATOMIC_RELAXED, AGENT)",
@@ -305,7 +321,8 @@ def test_local_arrays_are_cleared_where_declared_outside_the_guard():
     body = tirx.SeqStmt([
         tirx.AllocBuffer(acc), tirx.AllocBuffer(big), tirx.AllocBuffer(smem),
         tirx.For(tirx.Var("k", "int32"), 0, 2, tirx.ForKind.SERIAL, tirx.SeqStmt([
-            tirx.BufferStore(acc, tirx.Broadcast(tirx.const(1.0, "float32"), 2), [1]), _barrier()])),
+            tirx.BufferStore(acc, tirx.Broadcast(tirx.const(1.0, "float32"), 2), [1]),
+            _barrier()])),
         tirx.BufferStore(out_buf, tirx.const(0.0, "float32"), [tid])])
     out = cleared_locals(guard_work(body, tid, 32))
     items = list(out.seq)
@@ -318,7 +335,7 @@ def test_local_arrays_are_cleared_where_declared_outside_the_guard():
     assert isinstance(items[7], tirx.For)  # the guarded work follows, unchanged
 
 
-def _instruction_loop_state(model, monkeypatch, clear: bool):
+def _instruction_loop_state(model, monkeypatch, clear: bool, cache):
     """(code object metadata, float values the vEU's instruction loop carries from one rTask to
     the next in TVM's optimized LLVM IR) of ``model``'s persistent kernels for MI300X."""
     import re
@@ -328,6 +345,7 @@ def _instruction_loop_state(model, monkeypatch, clear: bool):
     from tvm_rammer.target import resolve_target
     if not clear:
         monkeypatch.setattr(early_exit, "cleared_locals", lambda stmt: stmt)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))  # no cached code object: the IR is built
     irs = []
     compile_ir = rocm_build.compile_ir
     monkeypatch.setattr(rocm_build, "compile_ir", lambda ir, mcpu: (irs.append(ir),
@@ -342,7 +360,7 @@ def _instruction_loop_state(model, monkeypatch, clear: bool):
     return meta, carried
 
 
-def test_local_accumulators_do_not_live_across_the_instruction_loop(monkeypatch):
+def test_local_accumulators_do_not_live_across_the_instruction_loop(monkeypatch, tmp_path):
     """A small SqueezeNet (fire modules: many conv bodies with register accumulators, early exit):
     with every local array cleared where it is declared, the instruction loop carries no float
     value and the kernel needs fewer VGPRs and no scratch; the negative control (clearing off)
@@ -350,9 +368,9 @@ def test_local_accumulators_do_not_live_across_the_instruction_loop(monkeypatch)
     956 B of scratch, benchmarks/README.md)."""
     from tvm_rammer.models import get_model
     model = get_model("squeezenet", image_size=32, width=0.125)
-    meta, carried = _instruction_loop_state(model, monkeypatch, clear=True)
+    meta, carried = _instruction_loop_state(model, monkeypatch, True, tmp_path / "on")
     monkeypatch.undo()
-    bad_meta, bad_carried = _instruction_loop_state(model, monkeypatch, clear=False)
+    bad_meta, bad_carried = _instruction_loop_state(model, monkeypatch, False, tmp_path / "off")
     assert carried == [] and bad_carried, "the control must carry accumulators"
     for name, m in meta.items():
         assert m.scratch_bytes == 0 and m.vgpr_spills == 0, name

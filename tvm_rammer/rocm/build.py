@@ -20,6 +20,12 @@ HSA code object the module holds. Two things are not right for persistent kernel
   module TVM returns (and ``export_library`` saves) holds it. An IR that TVM's optimizer already
   specialised for 256 threads (LDS promotion of private arrays) is refused, not patched.
 
+Code objects are cached on disk by content (:func:`cache_key`: the device module's TIR, the
+target, the attributes, our helpers' bitcode, the tools; :func:`cache_dir`): a kernel built once
+(the register probe's, ``compile``'s, ``inspect``'s rebuild of the same rProgram) is not given to
+LLVM again; with ``capture(code_only=True)`` a hit builds none of the kernels at all, otherwise
+TVM's build runs once, to hold the cached code object.
+
 Callers that want the code objects (``inspect``, tests) wrap the build in :func:`capture`: every
 code object linked meanwhile is appended to the list it yields.
 
@@ -31,6 +37,7 @@ The wrapped callbacks and build are TVM registry entries, like the pipeline's
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -51,6 +58,7 @@ LINK_FUNC = "tvm_callback_rocm_link"
 HELPERS_KEY = "rammer-helpers"
 _EXTERN = tvm.ir.Op.get("tirx.call_extern")
 TVM_FLAT_LIMIT = 256  # what TVM's codegen allows every kernel without a ROCm device
+CACHE_VERSION = "1"  # bump when build_rocm makes a different code object of the same input
 _STATE = threading.local()
 _ORIGINAL = {}
 _LDS_RE = re.compile(r'^@"?([\w.$]+)"? = internal (?:unnamed_addr )?addrspace\(3\) global \[(\d+) x',
@@ -229,22 +237,72 @@ def build_rocm(mod, target):
     if not any(a.pop(HELPERS_KEY, False) | (_threads(a) > TVM_FLAT_LIMIT)
                for a in kernels.values()):
         return _ORIGINAL[BUILD_FUNC](mod, target)
-    find_toolchain()  # ToolchainMissing names what to install
+    toolchain = find_toolchain()  # ToolchainMissing names what to install
     mcpu = str(target.attrs.get("mcpu", "gfx900"))
     context = {"mcpu": mcpu, "hsaco": None, "record": False}
+    code_only = _stack("code_only")
+    code_only = bool(code_only and code_only[-1])
     building = _stack("building")
     building.append(context)
     try:
-        first = _ORIGINAL[BUILD_FUNC](mod, target)  # its code object is nobody's: not recorded
-        context["hsaco"] = compile_ir(patch_attributes(first.inspect_source("hip"), kernels), mcpu)
+        key = cache_key(mod, target, kernels, toolchain, mcpu)
+        context["hsaco"] = _cached(key)
+        if context["hsaco"] is None:
+            first = _ORIGINAL[BUILD_FUNC](mod, target)  # its code object is nobody's: unrecorded
+            context["hsaco"] = compile_ir(patch_attributes(first.inspect_source("hip"), kernels),
+                                          mcpu)
+            _store(key, context["hsaco"])
+        elif code_only:  # nobody uses the module: an empty one, no build of these kernels
+            first = _ORIGINAL[BUILD_FUNC](tvm.IRModule({}), target)
         context["record"] = True
-        code_only = _stack("code_only")
-        if code_only and code_only[-1]:
+        if code_only:
             link(None)  # records our code object in the open captures
             return first
         return _ORIGINAL[BUILD_FUNC](mod, target)
     finally:
         _remove(building, context)
+
+
+def cache_dir() -> str:
+    """Where code objects are cached: ``$XDG_CACHE_HOME/tvm-rammer/rocm/code`` (``~/.cache``)."""
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                        "tvm-rammer", "rocm", "code")
+
+
+def cache_key(mod, target, kernels: dict, toolchain, mcpu: str) -> str:
+    """What a code object of :func:`build_rocm` depends on, hashed: the device module's functions
+    (serialized TIR; not the module's attributes, which hold e.g. the compile's timings), the
+    target, the kernels' attributes, our helpers' bitcode (its file name hashes the helpers'
+    source, mcpu and clang), the LLVM tools and TVM's version."""
+    digest = hashlib.sha256()
+    for part in (CACHE_VERSION, tvm.__version__, str(target), mcpu, repr(sorted(kernels.items())),
+                 compile_bitcode(toolchain, mcpu), toolchain.llc, toolchain.ld_lld,
+                 str(rocm_path()), *sorted(f"{gv.name_hint}\0{tvm.ir.save_json(func)}"
+                                           for gv, func in mod.functions_items())):
+        digest.update(str(part).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _cached(key: str) -> bytes | None:
+    path = os.path.join(cache_dir(), f"{key}.co")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _store(key: str, hsaco: bytes) -> None:
+    directory = cache_dir()
+    try:
+        os.makedirs(directory, exist_ok=True)
+        part = os.path.join(directory, f"{key}.co.{os.getpid()}.part")
+        with open(part, "wb") as f:
+            f.write(hsaco)
+        os.replace(part, os.path.join(directory, f"{key}.co"))  # atomic for concurrent builds
+    except OSError:  # a read-only cache is no error: the next build compiles again
+        pass
 
 
 def install() -> None:
