@@ -341,6 +341,28 @@ def test_the_warp_collective_api():
     assert (out[~even] == -1).all()
 
 
+def test_a_shuffle_from_a_lane_outside_the_group_reads_nan():
+    """8 lanes of a warp in a branch shuffle down by 4: lanes 4..7 read lanes 8..11, which are not
+    there (undefined on the GPU): NaN here, so a result built on it shows; lanes 0..3 read defined
+    lanes; with width 8, a source past the segment is the lane's own value (CUDA defines that)."""
+    src = r"""
+    extern "C" __global__ void partial(const float* __restrict__ x, float* __restrict__ y,
+                                       float* __restrict__ z) {
+      if (threadIdx.x < 8) {
+        const unsigned mask = __activemask();
+        y[threadIdx.x] = __shfl_down_sync(mask, x[threadIdx.x], 4, 32);
+        z[threadIdx.x] = __shfl_down_sync(mask, x[threadIdx.x], 4, 8);
+      }
+      __syncthreads();
+    }
+    """
+    x = np.arange(32, dtype=np.float32)
+    y, z = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    build_module(src).launch("partial", [x, y, z], 1, 32)
+    assert (y[:4] == x[4:8]).all() and np.isnan(y[4:]).all()
+    assert (z == np.concatenate([x[4:8], x[4:8]])).all()
+
+
 # ---------------------------------------------------------------------------- negative controls
 def test_a_named_barrier_with_a_wrong_count_deadlocks_with_a_report(mod):
     with pytest.raises(EmulatorDeadlock) as info:

@@ -98,6 +98,7 @@ template <class T> inline void red_add_release(T* p, T v) { __atomic_fetch_add(p
 // ---- warp collectives of the CUDA surface (shuffles, votes, activemask, syncwarp)
 struct ShflIn { uint64_t bits; int arg; int width; };
 enum : int { SHFL_IDX = 0, SHFL_UP, SHFL_DOWN, SHFL_XOR };
+constexpr uint64_t SHFL_UNDEFINED = 0x7fbadbad7fbadbadull;  // NaN as a float and as a double
 template <int MODE> inline void shfl_fn(const void* const* ins, void* const* outs, unsigned mask, const void* ctx) {
   const size_t size = reinterpret_cast<size_t>(ctx);
   for (int l = 0; l < 32; ++l) {
@@ -111,8 +112,13 @@ template <int MODE> inline void shfl_fn(const void* const* ins, void* const* out
     else if (MODE == SHFL_UP) src = (l - in->arg >= base) ? l - in->arg : l;
     else if (MODE == SHFL_DOWN) src = (l + in->arg < base + w) ? l + in->arg : l;
     else { src = l ^ in->arg; if (src < base || src >= base + w) src = l; }
-    const ShflIn* from = (src >= 0 && src < 32 && (mask >> src & 1u)) ? static_cast<const ShflIn*>(ins[src]) : in;
-    memcpy(outs[l], &from->bits, size);
+    if (src != l && !(mask >> src & 1u)) {
+      // the source lane does not take part: undefined on the GPU, a NaN pattern here, so that a
+      // result depending on it shows (a source past the width is the lane's own value, as in CUDA)
+      memcpy(outs[l], &SHFL_UNDEFINED, size);
+      continue;
+    }
+    memcpy(outs[l], &static_cast<const ShflIn*>(ins[src])->bits, size);
   }
 }
 template <int MODE, class T>
