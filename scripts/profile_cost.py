@@ -3,6 +3,7 @@
     python3 scripts/profile_cost.py                       # every zoo model, reduced sizes
     python3 scripts/profile_cost.py squeezenet lstm_tc --out cost.json
     python3 scripts/profile_cost.py --workers 16 alexnet  # build processes (a GPU host has 16 cores)
+    python3 scripts/profile_cost.py --full --budget 60 lstm_tc  # full size, "after" within 60 s
 
 No GPU is needed: every kernel and persistent kernel the profiler asks for is really built (TVM's
 CUDA codegen and nvcc, in ``CudaDevice``'s build processes), and its run is replaced by a fake
@@ -56,7 +57,9 @@ class SimulatedDevice(measure.CudaDevice):
                          build_workers=workers)
         self.rprogram_builds = 0
 
-    def _run(self, fn, *args):
+    def _run(self, fn, *args, deadline=None):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise measure.BudgetSpent("the profiling budget is spent")
         if fn is measure._run_kernel_worker:
             job = args[0]
             return {"kernel_us": _fake_us(job["path"], 5.0, 20.0), "valid": True, "error": 0.0,
@@ -65,13 +68,15 @@ class SimulatedDevice(measure.CudaDevice):
         return _fake_us(args[0], 5.0, 60.0)
 
 
-name, target_name, mode, workers, db_path = sys.argv[1:6]
+name, target_name, mode, workers, db_path, budget, full = sys.argv[1:8]
 target = resolve_target(target_name)
-mod = import_onnx(get_model(name, **REDUCED.get(name, {})))
+mod = import_onnx(get_model(name, **({} if full == "1" else REDUCED.get(name, {}))))
+budget = {} if budget == "default" else {"profile_budget_s": None if budget == "none" else float(budget)}
 configs = {"none": RammerConfig(profile=False),
            "before": RammerConfig(profile_db=db_path, profile_margin=None, profile_budget_s=None,
                                  rprogram_profiles=32),
-           "after": RammerConfig(profile_db=db_path), "again": RammerConfig(profile_db=db_path)}
+           "after": RammerConfig(profile_db=db_path, **budget),
+           "again": RammerConfig(profile_db=db_path, **budget)}
 config = configs[mode]
 device = None if mode == "none" else SimulatedDevice(target, int(workers))
 profiler = make_profiler(target, config, device)
@@ -84,20 +89,24 @@ seconds = time.perf_counter() - start
 print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
                   "kernel_builds": device._count - device.rprogram_builds if device else 0,
                   "rprogram_builds": device.rprogram_builds if device else 0,
-                  "profiled": profiler.counts.get("profiled", 0)}))
+                  "profiled": profiler.counts.get("profiled", 0),
+                  "unmeasured": {k: len(v) if isinstance(v, list) else v
+                                 for k, v in profiler.unmeasured().items()}}))
 """
 
 MODES = ("none", "before", "after", "again")
 
 
-def run_model(name: str, target: str, workers: int, tmp: str) -> dict:
-    """The four compiles of one model (fresh processes); their rows by mode."""
+def run_model(name: str, target: str, workers: int, tmp: str, budget: str = "default",
+              full: bool = False, modes=MODES) -> dict:
+    """The compiles of one model (fresh processes, ``modes``); their rows by mode."""
     rows = {}
-    for mode in MODES:
+    for mode in modes:
         db = os.path.join(tmp, f"{name}-{'before' if mode == 'before' else 'after'}.json")
         if mode in ("before", "after") and os.path.exists(db):
             os.remove(db)
-        out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db],
+        out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db,
+                              budget, "1" if full else "0"],
                              capture_output=True, text=True, check=False)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if out.returncode != 0 or not lines:
@@ -116,7 +125,7 @@ def table(results: dict) -> str:
         base = rows["none"].get("seconds")
         cells = [name, f"{base}" if base is not None else "error"]
         for mode in ("before", "after", "again"):
-            r = rows[mode]
+            r = rows.get(mode, {"error": "not run"})
             if "error" in r or base is None:
                 cells.append("error")
                 continue
@@ -134,9 +143,19 @@ def main(argv=None) -> int:
                         help="build processes (default: this machine's CPU count)")
     parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
     parser.add_argument("--tmp", default="/tmp/tvm_rammer_profile_cost")
+    parser.add_argument("--budget", default="default", metavar="SECONDS",
+                        help="profile_budget_s of the 'after' and 'again' compiles ('none': no "
+                             "limit; default: RammerConfig's)")
+    parser.add_argument("--full", action="store_true", help="the full-size models, not REDUCED")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     args = parser.parse_args(argv)
     os.makedirs(args.tmp, exist_ok=True)
-    results = {name: run_model(name, args.target, args.workers, args.tmp) for name in args.models}
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= set(MODES) or "none" not in modes:
+        parser.error(f"--modes: a subset of {','.join(MODES)} that includes 'none'")
+    results = {name: run_model(name, args.target, args.workers, args.tmp, args.budget, args.full,
+                               modes) for name in args.models}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

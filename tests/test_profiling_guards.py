@@ -41,8 +41,8 @@ class _FailingDevice(FakeDevice):
         super().__init__(**kw)
         self.fail, self.reason = fail, reason
 
-    def measure_kernels(self, jobs, progress):
-        records = super().measure_kernels(jobs, progress)
+    def measure_kernels(self, jobs, progress, within_s=None):
+        records = super().measure_kernels(jobs, progress, within_s)
         return [{"valid": False, "error": None, "reason": self.reason} if self.fail(j) else r
                 for j, r in zip(jobs, records)]
 
@@ -106,10 +106,10 @@ def test_a_dlight_failure_makes_an_ordinary_kernel_now_and_not_in_the_next_compi
 
 def test_a_device_that_raises_costs_one_warning_not_the_compile(caplog):
     class Raising(FakeDevice):
-        def measure_kernels(self, jobs, progress):
+        def measure_kernels(self, jobs, progress, within_s=None):
             raise RuntimeError("the driver went away")
 
-        def time_kernel(self, func, fixed):
+        def time_kernel(self, func, fixed, within_s=None):
             raise RuntimeError("the driver went away")
 
     profiler = Profiler(JsonProfileDB(), Raising(), "sm_90a")
@@ -169,10 +169,10 @@ def test_a_killed_compile_keeps_every_batch_measured_before_it(tmp_path, monkeyp
     monkeypatch.setattr(profiler_mod, "BATCH_JOBS", 2)
 
     class Killed(FakeDevice):
-        def measure_kernels(self, jobs, progress):
+        def measure_kernels(self, jobs, progress, within_s=None):
             if any(j.operator == "op3" for j in jobs):
                 raise KeyboardInterrupt  # the run is killed during the third batch
-            return super().measure_kernels(jobs, progress)
+            return super().measure_kernels(jobs, progress, within_s)
 
     path = str(tmp_path / "p.json")
     profiler = Profiler(JsonProfileDB(path), Killed(), "sm_90a")
@@ -190,8 +190,123 @@ def test_past_the_budget_nothing_more_is_measured_with_one_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
         profiler.prepare([_job("a"), _job("b", op="other")])
         assert profiler.rprogram_time("p", lambda: 1.0, force=True) == (None, None)
+        profiler.finish()
+        profiler.close()
     assert device.measured == [] and profiler.kernel("a") == (None, None)
-    assert len([r for r in caplog.records if "profiling budget" in r.getMessage()]) == 1
+    (warning,) = [r.getMessage() for r in caplog.records if "profiling budget" in r.getMessage()]
+    assert "2 rKernel version(s) of 2 operator(s) (op, other)" in warning
+    assert "1 rProgram(s)" in warning
+
+
+# --- the budget is a deadline: nothing starts after it, what it cuts short is abandoned ----------
+
+def _budget_run(monkeypatch, budget_s, kernel_s=10.0, rprogram_s=30.0):
+    """Four operators' jobs in one batch and two rProgram timings on a fake clock: each kernel
+    takes ``kernel_s``, each rProgram ``rprogram_s`` seconds of it."""
+    from tvm_rammer.tuning import profiler as profiler_mod
+
+    monkeypatch.setattr(profiler_mod, "BATCH_JOBS", 100)  # one batch: the deadline must cut it
+    clock = fake_device.FakeClock()
+    device = FakeDevice(clock=clock, kernel_s=kernel_s, rprogram_s=rprogram_s)
+    profiler = Profiler(JsonProfileDB(), device, "sm_90a", budget_s=budget_s, clock=clock)
+    profiler.prepare([_job(f"k{i}", op=f"op{i}") for i in range(4)])
+    times = [profiler.rprogram_time(key, lambda: profiler.time_kernel(None, {"rammer_program": 0}),
+                                    force=True)[0] for key in ("p1", "p2")]
+    return profiler, device, times
+
+
+def test_past_the_budget_no_build_or_run_starts_and_the_one_cut_short_is_abandoned(monkeypatch, caplog):
+    with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
+        profiler, device, times = _budget_run(monkeypatch, budget_s=25.0)
+        profiler.finish()
+        profiler.finish()
+    assert all(at < 25.0 for _, at in device.started)  # nothing started past the budget
+    assert [what for what, _ in device.started] == ["op0:dlight", "op1:dlight", "op2:dlight"]
+    assert device.measured == ["op0:dlight", "op1:dlight"]  # op2 ran past it: abandoned
+    assert profiler.kernel("k2") == (None, None) and profiler.kernel("k3") == (None, None)
+    assert not any(is_failure(r) for r in profiler._failed.values())  # not measured is not failed
+    assert times == [None, None] and device.rprograms == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "profiling budget" in r.getMessage()]
+    assert "2 rKernel version(s) of 2 operator(s) (op2, op3)" in warning
+    assert "2 rProgram(s)" in warning and "--profile-budget" in warning
+
+
+def test_an_rprogram_build_that_outlives_the_budget_is_abandoned_not_failed(monkeypatch):
+    profiler, device, times = _budget_run(monkeypatch, budget_s=55.0)  # kernels end at 40
+    assert device.measured == [f"op{i}:dlight" for i in range(4)]
+    assert [what for what, at in device.started if what == "rprogram"] == ["rprogram"]  # p2 never starts
+    assert times == [None, None] and ("rprogram", "p1") not in profiler._failed
+    assert profiler.unmeasured()["rprograms"] == 2
+
+
+def test_within_the_budget_everything_is_measured_and_nothing_warned(monkeypatch, caplog):
+    """The negative control of the two above: the same work under a budget it fits in."""
+    with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
+        profiler, device, times = _budget_run(monkeypatch, budget_s=200.0)
+        profiler.finish()
+    assert device.measured == [f"op{i}:dlight" for i in range(4)] and times == [5.0, 5.0]
+    assert profiler.unmeasured() == {"kernels": [], "rprograms": 0, "policy": False}
+    assert not [r for r in caplog.records if "profiling budget" in r.getMessage()]
+
+
+def test_the_budget_counts_from_the_compiles_start():
+    clock = fake_device.FakeClock(100.0)
+    device = FakeDevice(clock=clock)
+    late = Profiler(JsonProfileDB(), device, "sm_90a", budget_s=30.0, clock=clock, started=70.0)
+    late.prepare([_job("a")])
+    assert late.over_budget() and device.started == []
+    assert Profiler(JsonProfileDB(), device, "sm_90a", budget_s=30.0, clock=clock).remaining_s() == 30.0
+
+
+def test_the_pipeline_starts_the_budget_before_its_first_pass(monkeypatch):
+    import time
+
+    from tvm_rammer import backend
+    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.models import REDUCED, get_model
+
+    seen = []
+    real = backend.make_profiler
+
+    def spy(target, config, device=None, started=None):
+        seen.append((started, time.monotonic()))
+        return real(target, config, device, started)
+
+    monkeypatch.setattr(backend, "make_profiler", spy)
+    before = time.monotonic()
+    lower(import_onnx(get_model("branches", **REDUCED["branches"])), "rammer/nvidia-h100",
+          RammerConfig(profile_db=None))
+    ((started, made),) = seen
+    assert started is not None and before <= started < made  # the compile's start, not the back end's
+
+
+def test_a_compile_past_its_budget_finishes_on_predictions_with_one_warning(caplog):
+    """The whole back end on a fake clock: each rProgram timing takes 50 s; with a 60 s budget
+    nothing starts after 60 s, the policy stops asking for plan times, one warning; without a
+    budget (the control) more rPrograms are timed."""
+    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.models import REDUCED, get_model
+
+    mod = import_onnx(get_model("branches", **REDUCED["branches"]))
+
+    def compile_with(budget_s):
+        clock = fake_device.FakeClock()
+        device = FakeDevice(clock=clock, kernel_s=1.0, rprogram_s=50.0)
+        profiler = Profiler(JsonProfileDB(), device, "sm_90a", budget_s=budget_s, clock=clock,
+                            margin=None)
+        lower(mod, "rammer/nvidia-h100", RammerConfig(profile_margin=None), profiler)
+        return device, profiler
+
+    with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
+        device, profiler = compile_with(60.0)
+    assert device.started and all(at < 60.0 for _, at in device.started)
+    assert profiler.unmeasured()["rprograms"] or profiler.unmeasured()["policy"]
+    assert len([r for r in caplog.records if "profiling budget of 60 s spent" in r.getMessage()]) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
+        free, _ = compile_with(None)
+    assert free.rprograms > device.rprograms
+    assert not [r for r in caplog.records if "profiling budget" in r.getMessage()]
 
 
 def test_only_operators_whose_versions_are_close_to_dlight_are_measured():
@@ -233,6 +348,10 @@ def test_the_policy_times_only_close_choices():
     (merged,) = schedule(graph, vdevice, PolicyConfig(profile_margin=1.2), profile)
     assert everything > len(calls) and merged.ops == [0, 1]
     assert calls  # the final plans are still timed (never slower than TVM's default)
+    calls.clear()
+    profile.active = lambda: False  # a profiler past its budget: no plan comparison asks
+    (merged,) = schedule(graph, vdevice, PolicyConfig(), profile)
+    assert len(calls) == 1 and merged.ops == [0, 1]  # the final plan only (answered analytically)
 
 
 # --- defect 9: every wait on the device has a deadline; a dead context restarts the runner ------
@@ -272,6 +391,48 @@ def test_a_kernel_that_hangs_is_no_time_and_no_record(device, monkeypatch):
     profiler = Profiler(JsonProfileDB(), device, "sm_90a")
     assert profiler.rprogram_time("p", lambda: device.time_kernel(None, {})) == (None, None)
     assert not profiler.db.dirty
+
+
+def test_a_build_past_the_deadline_is_abandoned_and_no_run_starts(device, monkeypatch):
+    import time
+
+    from tvm_rammer.tuning.measure import BudgetSpent
+
+    never: cf.Future = cf.Future()  # a build that does not end (a 10-minute nvcc)
+    submitted, ran = [], []
+    monkeypatch.setattr(device, "_submit_build", lambda func, resources: submitted.append(func) or never)
+    monkeypatch.setattr(device, "_run", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(measure, "param_specs", lambda func: [])
+    jobs = [KernelJob("a", "op:a", "fa", None, None, 1), KernelJob("b", "op:b", "fb", None, None, 1)]
+    progress = []
+    assert device.measure_kernels(jobs, progress.append, within_s=1.0) == [None, None]
+    assert progress == [] and ran == [] and device._builder is None  # abandoned, nothing run
+    with pytest.raises(BudgetSpent):
+        device.time_kernel("f", {}, within_s=1.0)
+    submitted.clear()
+    with pytest.raises(BudgetSpent):  # spent: not even a build is submitted
+        device.time_kernel("f", {}, within_s=0.0)
+    assert device.measure_kernels(jobs, progress.append, within_s=0.0) == [None, None]
+    assert submitted == []
+
+
+def test_a_run_past_the_deadline_is_budget_spent_not_a_timeout(device):
+    import time
+
+    from tvm_rammer.tuning.measure import BudgetSpent
+
+    first = device._run(fake_device.runner_pid)
+    with pytest.raises(BudgetSpent):
+        device._run(fake_device.hang, deadline=time.monotonic() + 2.0)
+    assert device._runner is None  # killed; the control: the job's own timeout is a failure
+    with pytest.raises(BudgetSpent):
+        device._run(fake_device.runner_pid, deadline=time.monotonic() - 1.0)
+    assert device._runner is None  # nothing started past the deadline
+    device.run_timeout_s = 2.0
+    with pytest.raises(RuntimeError, match="timed out"):
+        device._run(fake_device.hang, deadline=time.monotonic() + 600.0)
+    device.run_timeout_s = 60.0
+    assert device._run(fake_device.runner_pid) != first
 
 
 def test_close_does_not_wait_for_a_hung_job(device):
@@ -377,9 +538,9 @@ def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
         tables = []
 
         class Recording(FakeDevice):
-            def time_kernel(self, func, fixed):
+            def time_kernel(self, func, fixed, within_s=None):
                 tables.append(np.array(fixed["rammer_program"]))
-                return super().time_kernel(func, fixed)
+                return super().time_kernel(func, fixed, within_s)
 
         config = dataclasses.replace(INJECTED, extra=extra)
         out = lower(mod, "rammer/nvidia-h100", config,

@@ -378,7 +378,7 @@ def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
 
     def build_and_time(plan):
         built = build_plan(0, plan, graph, op_graph, config, vdevice, ResourceProbe(False), target)
-        measured = profiler.device.time_kernel(built.func, built.fixed_args())
+        measured = profiler.time_kernel(built.func, built.fixed_args())  # within the budget
         if measured is not None:  # also under the key with its table, the final check's
             profiler.record_rprogram(plan_key(plan, op_graph, built.table), measured)
         return measured
@@ -394,7 +394,7 @@ def _check_against_default(built: BuiltRProgram, op_graph, profiler, timer) -> d
     ops = op_graph.ops
     default_us = profiler.default_time([getattr(ops[i], "reference_key", None) for i in built.nodes])
     measure = None if timer is None else (
-        lambda: profiler.device.time_kernel(built.func, built.fixed_args()))
+        lambda: profiler.time_kernel(built.func, built.fixed_args()))
     rammer_us, source = profiler.rprogram_time(plan_key(built.plan, op_graph, built.table), measure,
                                                force=True)
     built.report.update(measured_us=rammer_us, default_us=default_us, measured_source=source)
@@ -436,6 +436,7 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
     with _phase(phases, "rOperators and versions"):
         ops, skipped = collect_operators(graph, mod, target, config, vdevice, profiler)
     if not ops:
+        profiler.finish()
         return BackendResult([], skipped, phases=phases)
     op_graph = op_graph_of(graph, ops, skipped)
     timer = _plan_timer(graph, op_graph, config, vdevice, target, profiler)
@@ -460,15 +461,17 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
         fallbacks.append(fallback)
         for i in one.nodes:
             skipped[i] = f"in {one.spec.name}, which was slower than TVM's default kernels"
-    profiler.flush()
+    profiler.finish()  # one warning naming what the budget left unmeasured
     return BackendResult(built, skipped, fallbacks, ops, phases)
 
 
 # --- the module pass ----------------------------------------------------------------------------
 
-def make_profiler(target, config: RammerConfig, device=None) -> Profiler:
+def make_profiler(target, config: RammerConfig, device=None, started: float | None = None) -> Profiler:
     """The default profiler of a compilation (see ``RammerConfig.profile``/``profile_db``): the
-    per-user cache or ``profile_db``, and the local GPU when it has the target's arch."""
+    per-user cache or ``profile_db``, and the local GPU when it has the target's arch.
+    ``started``: when the compile started (``time.monotonic()``; None: now), the start of
+    ``profile_budget_s``."""
     import os
 
     from .gpu import local_gpu
@@ -501,7 +504,7 @@ def make_profiler(target, config: RammerConfig, device=None) -> Profiler:
             db = JsonProfileDB()
     return Profiler(db, device, arch, readonly=shipped_profile_dbs(),
                     rprogram_budget=config.rprogram_profiles, margin=config.profile_margin,
-                    budget_s=config.profile_budget_s)
+                    budget_s=config.profile_budget_s, started=started)
 
 
 def _with_default_kernels(mod: tvm.IRModule, graph: DataflowGraph, unplaced: dict, target):
@@ -532,9 +535,11 @@ class RammerBackend:
     in scope. This is the back end, not a graph rewrite: it times kernels through ``profiler``.
     """
 
-    def __init__(self, config: RammerConfig | None = None, profiler: Profiler | None = None):
+    def __init__(self, config: RammerConfig | None = None, profiler: Profiler | None = None,
+                 started: float | None = None):
         self.config = config or RammerConfig()
         self.profiler = profiler
+        self.started = started  # the compile's start (time.monotonic()): profile_budget_s counts from it
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=True)
@@ -548,7 +553,7 @@ class RammerBackend:
         except ValueError as err:  # control flow or several blocks: keep TVM's ordinary kernels
             LOG.warning("tvm-rammer: main is left as ordinary kernels: %s", err)
             return mod.with_attr(UNPLACED_ATTR, json.dumps([{"name": "main", "reason": str(err)}]))
-        profiler = self.profiler or make_profiler(target, self.config)
+        profiler = self.profiler or make_profiler(target, self.config, started=self.started)
         try:
             result = build_rprograms(graph, mod, target, self.config, profiler)
         except Exception as err:  # pylint: disable=broad-except

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import tvm
 import tvm_ffi
@@ -57,9 +58,12 @@ PIPELINE_NAME = "rammer"
 LOG = logging.getLogger("tvm_rammer")
 
 
-def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None) -> list:
+def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None,
+                  started: float | None = None) -> list:
     """The rammer Relax pipeline as a flat list of passes. ``profiler``: where rKernel and rProgram
-    times come from (``tuning.profiler.Profiler``); None = ``backend.make_profiler``'s default."""
+    times come from (``tuning.profiler.Profiler``); None = ``backend.make_profiler``'s default,
+    whose ``profile_budget_s`` counts from ``started`` (``time.monotonic()``; None: the back end's
+    start)."""
     cuda_backend = kind_backend(target)  # TVM's CUDA or ROCm backend passes
 
     fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
@@ -88,7 +92,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
                      default_schedule_pass(GEMVEpilogue())),
-        _with_target(target, RammerBackend(config, profiler)),  # versions, policy, kernels
+        _with_target(target, RammerBackend(config, profiler, started)),  # versions, policy, kernels
         *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
@@ -142,6 +146,7 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
 
     @tvm.transform.module_pass(opt_level=0, name="RammerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        started = time.monotonic()  # the profiling budget counts from the compile's start
         tgt = target or tvm.target.Target.current(allow_none=True)
         if tgt is None or tgt.kind.name not in KINDS:
             raise ValueError(
@@ -153,7 +158,7 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
             plain = plain_target(tgt)
             return relax.get_default_pipeline(plain)(mod)
         with tgt:
-            lowered = tvm.transform.Sequential(rammer_passes(tgt, config, profiler))(mod)
+            lowered = tvm.transform.Sequential(rammer_passes(tgt, config, profiler, started))(mod)
         if config.timeline or not unplaced_operators(lowered):
             return lowered  # every operator in an rProgram: at most as many launches as TVM's
         return _fewer_launches(mod, lowered, tgt)

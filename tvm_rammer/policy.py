@@ -424,6 +424,13 @@ def plan_time(plan: PartialPlan | None, graph: OpGraph, config: PolicyConfig, pr
     return materialize(plan, graph, config, profile).predicted_us
 
 
+def _asking(profile: Profile | None) -> bool:
+    """Whether ``profile`` may still answer: a profiler's ``plan_profile`` says ``active()`` False
+    once its budget is spent, and then no plan is materialized only to be asked (an rProgram the
+    size of the model, each time)."""
+    return profile is not None and getattr(profile, "active", lambda: True)()
+
+
 def _close(a: float, b: float, config: PolicyConfig) -> bool:
     """Whether two analytical times are within ``config.profile_margin`` of each other (always
     when it is None): only then can measuring them change the choice."""
@@ -440,7 +447,7 @@ def _faster(a: PartialPlan | None, b: PartialPlan | None, graph: OpGraph, config
     """time(a) < time(b): both profiled when their analytical times are close (:func:`_close`),
     else both analytical (one scale for both sides either way)."""
     ta, tb = plan_time(a, graph, config), plan_time(b, graph, config)
-    if profile is not None and _close(ta, tb, config):
+    if _close(ta, tb, config) and _asking(profile):
         ta, tb = plan_time(a, graph, config, profile), plan_time(b, graph, config, profile)
     return ta < tb
 
@@ -587,7 +594,7 @@ def _merge_pays(merged: PartialPlan, current: PartialPlan, alone: PartialPlan, g
                 plan_time(current, graph, config, prof) + plan_time(alone, graph, config, prof))
 
     merged_time, apart_time = sides(None)
-    if profile is not None and _close(merged_time, apart_time, config):
+    if _close(merged_time, apart_time, config) and _asking(profile):
         merged_time, apart_time = sides(profile)
     return merged_time <= apart_time
 

@@ -19,6 +19,11 @@ Nothing here waits without a deadline, and no failure is left to poison what fol
 
 - every wait on a build or a run has a timeout (``build_timeout_s``, ``run_timeout_s``); a job past
   it is a failure ("timed out"), and its worker processes are killed;
+- the profiler's budget is a deadline too (``within_s`` of :meth:`~MeasureDevice.measure_kernels`
+  and :meth:`~MeasureDevice.time_kernel`): past it no build or run starts, the builds and the run
+  in flight are abandoned (their processes killed), and the jobs not measured come back as None
+  (:meth:`~MeasureDevice.measure_kernels`) or :class:`BudgetSpent` is raised
+  (:meth:`~MeasureDevice.time_kernel`): not measured is not a failure;
 - any failure of a job in the runner (an exception, an illegal address that leaves the CUDA
   context dead, a crash, a timeout) restarts the runner, so the next job gets a fresh context;
 - a persistent kernel timed by :meth:`~CudaDevice.time_kernel` gets an empty fault page
@@ -38,6 +43,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import types
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -50,7 +56,8 @@ from tvm import tirx
 from ..gpu import DeviceId, LocalGPU
 from ..numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 
-__all__ = ["KernelJob", "MeasureDevice", "CudaDevice", "param_specs", "tolerance_for"]
+__all__ = ["KernelJob", "MeasureDevice", "CudaDevice", "BudgetSpent", "param_specs", "tolerance_for",
+           "deadline_in"]
 
 LOG = logging.getLogger("tvm_rammer")
 ENTRY = "rammer_measured"
@@ -58,6 +65,27 @@ FAULT_PAGE_PARAM = "rammer_fault_page"  # codegen.persistent's name of the fault
 # a version may differ from TVM's default kernel by rounding only: float32 at KERNEL_TOLERANCE,
 # half precision at its own (10 mantissa bits for float16, 7 for bfloat16)
 DTYPE_TOLERANCES = {"float16": 1e-2, "bfloat16": 2e-2}
+
+
+class BudgetSpent(RuntimeError):
+    """The profiling budget ran out before a build or a run could finish: nothing was measured,
+    and nothing failed (the caller goes on as without a device)."""
+
+
+def deadline_in(within_s: float | None) -> float | None:
+    """The ``time.monotonic()`` deadline ``within_s`` seconds from now (None: no deadline)."""
+    return None if within_s is None else time.monotonic() + max(0.0, float(within_s))
+
+
+def _left(deadline: float | None, timeout: float) -> tuple:
+    """(seconds to wait, whether the deadline rather than ``timeout`` bounds the wait); raises
+    :class:`BudgetSpent` when the deadline has passed (nothing new starts after it)."""
+    if deadline is None:
+        return timeout, False
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BudgetSpent("the profiling budget is spent")
+    return (left, True) if left < timeout else (timeout, False)
 
 
 def tolerance_for(dtypes, base: float = KERNEL_TOLERANCE) -> float:
@@ -89,13 +117,17 @@ class MeasureDevice(Protocol):
 
     id: DeviceId
 
-    def measure_kernels(self, jobs: Sequence[KernelJob], progress: Callable[[int], None]) -> list:
+    def measure_kernels(self, jobs: Sequence[KernelJob], progress: Callable[[int], None],
+                        within_s: float | None = None) -> list:
         """One record per job (``kernel_us``, ``registers``, ``shared_bytes``, ``valid``, ``error``,
-        and the reference's ``default_us``), or None where nothing could be measured."""
+        and the reference's ``default_us``), or None where nothing could be measured; past
+        ``within_s`` seconds from the call nothing new starts and what runs is abandoned (None)."""
 
-    def time_kernel(self, func: tirx.PrimFunc, fixed: dict) -> float | None:
+    def time_kernel(self, func: tirx.PrimFunc, fixed: dict,
+                    within_s: float | None = None) -> float | None:
         """Median time (us) of one call of ``func`` with ``fixed`` parameters (name -> array) and
-        seeded others; None when it cannot run."""
+        seeded others; None when it cannot run; :class:`BudgetSpent` when it could not be built
+        and timed within ``within_s`` seconds."""
 
 
 def param_specs(func: tirx.PrimFunc) -> list:
@@ -301,16 +333,21 @@ class CudaDevice:
             self._builder = _spawn_pool(self._workers)
         return self._builder
 
-    def _run(self, fn, *args):
-        """``fn(*args)`` in the runner process, within ``run_timeout_s``. Any failure (an exception,
-        a crash, a dead CUDA context, a timeout) restarts the runner and raises: the job's own
-        exception, or RuntimeError ("timed out: ...", "run failed: ...") for a timeout or crash."""
+    def _run(self, fn, *args, deadline: float | None = None):
+        """``fn(*args)`` in the runner process, within ``run_timeout_s`` (and before ``deadline``,
+        a ``time.monotonic()`` time). Any failure (an exception, a crash, a dead CUDA context, a
+        timeout) restarts the runner and raises: the job's own exception, RuntimeError ("timed
+        out: ...", "run failed: ...") for a timeout or crash, :class:`BudgetSpent` past
+        ``deadline`` (nothing is started after it)."""
+        timeout, by_budget = _left(deadline, self.run_timeout_s)
         if self._runner is None:
             self._runner = _spawn_pool(1)
         try:
-            return _submit(self._runner, fn, *args).result(timeout=self.run_timeout_s)
+            return _submit(self._runner, fn, *args).result(timeout=timeout)
         except cf.TimeoutError:
             self._restart_runner()
+            if by_budget:
+                raise BudgetSpent("the profiling budget ran out during a run (runner killed)") from None
             raise RuntimeError(f"timed out: no result within {self.run_timeout_s:g} s (runner "
                                "killed and restarted)") from None
         except BrokenProcessPool:
@@ -325,14 +362,21 @@ class CudaDevice:
         _kill(self._runner)
         self._runner = None
 
-    def _build_result(self, future) -> dict:
-        """A build's result within ``build_timeout_s``; past it the build pool is killed (the next
-        build starts a new one) and RuntimeError raised."""
+    def _build_result(self, future, deadline: float | None = None) -> dict:
+        """A build's result within ``build_timeout_s`` (and before ``deadline``); past it the build
+        pool is killed (the next build starts a new one) and RuntimeError raised (BudgetSpent past
+        ``deadline``: every build in flight is abandoned)."""
+        if future.done():  # built already: its result (or its error), the budget aside
+            return future.result()
         try:
-            return future.result(timeout=self.build_timeout_s)
-        except cf.TimeoutError:
+            timeout, by_budget = _left(deadline, self.build_timeout_s)
+            return future.result(timeout=timeout)
+        except (cf.TimeoutError, BudgetSpent) as err:
             _kill(self._builder)
             self._builder = None
+            if isinstance(err, BudgetSpent) or by_budget:
+                raise BudgetSpent("the profiling budget ran out during a build (build processes "
+                                  "killed)") from None
             raise RuntimeError(f"timed out: the build took more than {self.build_timeout_s:g} s "
                                "(build processes killed)") from None
 
@@ -351,21 +395,33 @@ class CudaDevice:
                        path, resources)
 
     # MeasureDevice
-    def measure_kernels(self, jobs: Sequence[KernelJob], progress: Callable[[int], None]) -> list:
+    def measure_kernels(self, jobs: Sequence[KernelJob], progress: Callable[[int], None],
+                        within_s: float | None = None) -> list:
+        deadline = deadline_in(within_s)
+        if within_s is not None and within_s <= 0:
+            return [None] * len(jobs)  # the budget is spent: not even a build starts
         refs, builds = {}, []
         for job in jobs:
             if job.reference is not None and job.reference_key not in refs:
                 refs[job.reference_key] = self._guarded_submit(job.reference, False)
         builds = [self._guarded_submit(job.func, True) for job in jobs]
-        records = []
+        records, spent = [], False
         for job, build in zip(jobs, builds):
+            if spent:  # the budget ran out: the rest of the batch is not measured
+                records.append(None)
+                continue
             try:
-                record = self._measure_one(job, build, refs.get(job.reference_key))
+                record = self._measure_one(job, build, refs.get(job.reference_key), deadline)
+            except BudgetSpent:
+                _kill(self._builder)  # abandon the batch's builds in flight
+                self._builder = None
+                record, spent = None, True
             except Exception as err:  # pylint: disable=broad-except  (one job's failure is its own)
                 LOG.warning("tvm-rammer: measuring %s failed: %s", job.label, _first_line(err))
                 record = {"valid": False, "error": None, "reason": f"measure failed: {_first_line(err)}"}
             records.append(record)
-            progress(1)
+            if record is not None:
+                progress(1)
         return records
 
     def _guarded_submit(self, func: tirx.PrimFunc, resources: bool):
@@ -380,16 +436,21 @@ class CudaDevice:
                 self._builder = None
             return failed
 
-    def _measure_one(self, job: KernelJob, build, ref_build) -> dict | None:
+    def _measure_one(self, job: KernelJob, build, ref_build, deadline: float | None = None) -> dict | None:
+        """One job's record; :class:`BudgetSpent` when ``deadline`` passes before it is measured."""
         try:
-            info = self._build_result(build)
+            info = self._build_result(build, deadline)
+        except BudgetSpent:
+            raise
         except Exception as err:  # pylint: disable=broad-except  (a version that does not build)
             LOG.info("tvm-rammer: %s does not build for the device: %s", job.label, _first_line(err))
             return {"valid": False, "error": None, "reason": f"build failed: {_first_line(err)}"}
         ref_path = None
         if ref_build is not None:
             try:
-                ref_path = self._build_result(ref_build)["path"]
+                ref_path = self._build_result(ref_build, deadline)["path"]
+            except BudgetSpent:
+                raise
             except Exception as err:  # pylint: disable=broad-except
                 LOG.info("tvm-rammer: TVM's default kernel for %s does not build: %s", job.label,
                          _first_line(err))
@@ -397,7 +458,9 @@ class CudaDevice:
                    "num_outputs": job.num_outputs, "seed": 0, "tolerance": self.tolerance,
                    "number": self.number, "repeat": self.repeat}
         try:
-            record = self._run(_run_kernel_worker, payload)
+            record = self._run(_run_kernel_worker, payload, deadline=deadline)
+        except BudgetSpent:
+            raise
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("tvm-rammer: %s failed on the device: %s", job.label, _first_line(err))
             reason = _first_line(err)
@@ -411,11 +474,16 @@ class CudaDevice:
                                 f"{record['error']:.2e} > {record.get('tolerance', self.tolerance):.0e}")
         return record
 
-    def time_kernel(self, func: tirx.PrimFunc, fixed: dict) -> float | None:
+    def time_kernel(self, func: tirx.PrimFunc, fixed: dict,
+                    within_s: float | None = None) -> float | None:
+        deadline = deadline_in(within_s)
         try:
-            path = self._build_result(self._submit_build(func, False))["path"]
+            _left(deadline, self.build_timeout_s)  # spent: BudgetSpent before any build starts
+            path = self._build_result(self._submit_build(func, False), deadline)["path"]
             return self._run(_time_kernel_worker, path, param_specs(func), fixed, self.number,
-                             self.repeat)
+                             self.repeat, deadline=deadline)
+        except BudgetSpent:
+            raise
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("tvm-rammer: could not time %s on the device: %s",
                         (func.attrs or {}).get("global_symbol", "a kernel"), _first_line(err))

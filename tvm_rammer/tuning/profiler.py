@@ -20,9 +20,14 @@ What is measured, and for how long (``RammerConfig.profile_margin``, ``profile_b
 ``margin`` only what can change a decision is measured (:func:`decisive_jobs`: an operator's
 versions only when one of them is predicted within ``margin`` of its dlight version; the policy
 asks for plan times only when two plans' analytical times are that close, ``policy._close``); with
-a ``budget_s`` the measuring stops once that many seconds have passed, with one warning, and every
-remaining choice is made as without a device (dlight, analytical times, the rProgram kept). Kernels
-are measured in batches of whole operators, each batch written to the database (and flushed) as it
+a ``budget_s`` the measuring stops once that many seconds have passed since the compile started
+(``started``, default the profiler's creation), and every remaining choice is made as without a
+device (dlight, analytical times, the rProgram kept). The budget is a deadline, not a check between
+batches: the device gets the seconds left with every batch and every rProgram
+(``within_s``), starts no build or run past them, and abandons (kills) those in flight; so
+profiling adds at most ``budget_s`` (plus the time to kill its processes) to a compile. What the
+budget left unmeasured is named in one warning at the end (:meth:`Profiler.finish`). Kernels are
+measured in batches of whole operators, each batch written to the database (and flushed) as it
 completes, so a killed compile loses at most one batch.
 
 Failures are not facts: a record of a version that did not build, failed to run or timed out on
@@ -50,7 +55,7 @@ import numpy as np
 
 from ..gpu import DeviceId
 from ..vdevice import VDevice
-from .measure import KernelJob, MeasureDevice
+from .measure import BudgetSpent, KernelJob, MeasureDevice
 
 __all__ = ["Timing", "Profiler", "rtask_time", "plan_key", "Progress", "decisive_jobs",
            "is_failure", "FAILURES"]
@@ -177,18 +182,24 @@ class Profiler:
     rprogram_budget: candidate rPrograms built and timed whole per compilation at most.
     progress: show a progress bar for long measurement batches.
     margin: measure only the jobs :func:`decisive_jobs` keeps (None: every job).
-    budget_s: stop measuring after this many seconds from the profiler's creation (None: never).
+    budget_s: stop measuring ``budget_s`` seconds after ``started`` (None: never).
+    clock: the clock of the budget (``time.monotonic``; tests pass a fake one).
+    started: when the compile started on ``clock`` (None: now, the profiler's creation).
     """
 
     def __init__(self, db, device: MeasureDevice | None = None, arch: str = "sm_90a",
                  readonly: Sequence = (), rprogram_budget: int = 32, progress: bool = True,
-                 margin: float | None = None, budget_s: float | None = None):
+                 margin: float | None = None, budget_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, started: float | None = None):
         self.db, self.device = db, device
         self.counts: Counter = Counter()
         self.rprogram_budget = rprogram_budget
         self.progress = progress
         self.margin, self.budget_s = margin, budget_s
-        self._start = time.monotonic()
+        self._clock = clock
+        self._start = clock() if started is None else started
+        self._spent_at: float | None = None  # seconds after the start when the budget ran out
+        self._unmeasured: dict = {"kernels": [], "rprograms": 0, "policy": False}  # by the budget
         self._warned: set = set()
         self._failed: dict = {}  # (kind, key) -> failure record, for this compilation only
         self._asked: set = set()  # rProgram keys answered within rprogram_budget
@@ -233,15 +244,67 @@ class Profiler:
             self._warned.add(what)
             LOG.warning(message)
 
+    def remaining_s(self) -> float | None:
+        """Seconds of the budget left (0 once spent; None without a budget)."""
+        if self.budget_s is None:
+            return None
+        return max(0.0, self.budget_s - (self._clock() - self._start))
+
     def over_budget(self) -> bool:
-        """Whether the measuring budget (``budget_s``) is spent; warns once when it first is."""
-        if self.budget_s is None or time.monotonic() - self._start < self.budget_s:
+        """Whether the measuring budget (``budget_s``) is spent."""
+        if self.budget_s is None or self.remaining_s() > 0:
             return False
-        self._warn_once("budget", f"tvm-rammer: profiling budget of {self.budget_s:g} s spent: "
-                        "the remaining operators keep their dlight version and the remaining "
-                        "rPrograms analytical times (as without a GPU); raise it with "
-                        "--profile-budget / RammerConfig(profile_budget_s=...)")
+        if self._spent_at is None:
+            self._spent_at = self._clock() - self._start
         return True
+
+    def _not_measured(self, kernels=(), rprograms: int = 0) -> None:
+        """Note what the budget left unmeasured (named by :meth:`finish`'s one warning)."""
+        self.over_budget()  # the moment it ran out
+        self._unmeasured["kernels"].extend(kernels)
+        self._unmeasured["rprograms"] += rprograms
+
+    def unmeasured(self) -> dict:
+        """What the budget left unmeasured so far: {"kernels": [job labels], "rprograms": count,
+        "policy": whether the policy's later plan comparisons were analytical}."""
+        return {"kernels": list(self._unmeasured["kernels"]),
+                "rprograms": self._unmeasured["rprograms"], "policy": self._unmeasured["policy"]}
+
+    def budget_message(self) -> str | None:
+        """The warning naming what the budget left unmeasured (None: nothing was left out)."""
+        kernels, rprograms = self._unmeasured["kernels"], self._unmeasured["rprograms"]
+        policy = self._unmeasured["policy"]
+        if not kernels and not rprograms and not policy:
+            return None
+        parts = []
+        if kernels:
+            ops = sorted({label.split(":", 1)[0] for label in kernels})
+            shown = ", ".join(ops[:5]) + (f" and {len(ops) - 5} more" if len(ops) > 5 else "")
+            parts.append(f"{len(kernels)} rKernel version(s) of {len(ops)} operator(s) ({shown}), "
+                         "which keep their dlight version")
+        if rprograms:
+            parts.append(f"{rprograms} rProgram(s), which keep their analytical time")
+        if policy:
+            parts.append("the policy's remaining plan comparisons, made on analytical times")
+        spent = f" (spent {self._spent_at:.0f} s into the compile)" if self._spent_at is not None else ""
+        return (f"tvm-rammer: profiling budget of {self.budget_s:g} s spent{spent}; not measured: "
+                f"{'; '.join(parts)} (as without a GPU); raise it with --profile-budget / "
+                "RammerConfig(profile_budget_s=...)")
+
+    def finish(self) -> None:
+        """The end of measuring in a compilation: flush, and warn once naming what the budget
+        left unmeasured."""
+        self.flush()
+        message = self.budget_message()
+        if message is not None:
+            self._warn_once("budget", message)
+
+    def time_kernel(self, func, fixed: dict) -> float | None:
+        """The device's time of a persistent kernel within the budget left; raises
+        :class:`~tvm_rammer.tuning.measure.BudgetSpent` when that is not enough."""
+        if self.over_budget():
+            raise BudgetSpent("the profiling budget is spent")
+        return self.device.time_kernel(func, fixed, within_s=self.remaining_s())
 
     def _put(self, items) -> None:
         """Write measured records (failures excluded) and flush; a database that refuses (locked,
@@ -281,14 +344,17 @@ class Profiler:
         try:
             for batch in _batches(todo, BATCH_JOBS):
                 if self.over_budget():
-                    break
+                    self._not_measured(kernels=[job.label for job in batch])
+                    continue
                 self._measure_batch(batch, progress)
         finally:
             progress.close()
 
     def _measure_batch(self, batch: list, progress) -> None:
         try:
-            records = self.device.measure_kernels(batch, progress)
+            records = self.device.measure_kernels(batch, progress, within_s=self.remaining_s())
+        except BudgetSpent:
+            records = [None] * len(batch)
         except Exception as err:  # pylint: disable=broad-except  (kept as failures, this compile)
             LOG.warning("tvm-rammer: measuring %s failed (%s): they keep TVM's default choice",
                         ", ".join(sorted({j.operator or j.label for j in batch})), _short(err))
@@ -296,7 +362,9 @@ class Profiler:
                        for _ in batch]
         items, keys = [], {job.key for job in batch}
         for job, record in zip(batch, records):
-            if record is None:
+            if record is None:  # not measured (the budget ran out before it was)
+                if self.over_budget():
+                    self._not_measured(kernels=[job.label])
                 continue
             items.append(("kernel", job.key, self.device.id, record))
             self._measured.add(("kernel", job.key))
@@ -345,9 +413,13 @@ class Profiler:
         if self.device is None or measure is None or (not force and key not in self._asked):
             return None, None
         if self.over_budget():
+            self._not_measured(rprograms=1)
             return None, None
         try:
             measured = measure()
+        except BudgetSpent:  # ran out while it was built or run: abandoned, not a failure
+            self._not_measured(rprograms=1)
+            return None, None
         except Exception as err:  # pylint: disable=broad-except  (analytical for this plan)
             LOG.warning("tvm-rammer: timing an rProgram failed (%s): its analytical time is used",
                         _short(err))
@@ -371,9 +443,24 @@ class Profiler:
         (the policy then uses its analytical time)."""
 
         def profile(plan):
+            if not active():  # past the budget: analytical, without hashing the whole plan
+                self._unmeasured["policy"] = True
+                return None
             measure = None if build_and_time is None else (lambda: build_and_time(plan))
             return self.rprogram_time(plan_key(plan, graph), measure)[0]
 
+        def active() -> bool:
+            """False once the time budget is spent on a device, or once ``rprogram_budget``
+            distinct plans have been asked (every new plan is then analytical anyway; a plan
+            asked before could still be answered, but one side of a comparison measured and the
+            other analytical is no comparison): the policy stops asking, and stops building
+            whole plans (each the size of the rProgram so far) only to hash them."""
+            if self.measures and self.over_budget():
+                self._unmeasured["policy"] = True
+                return False
+            return self.rprogram_budget > 0
+
+        profile.active = active
         return profile
 
     def flush(self) -> None:
@@ -386,8 +473,8 @@ class Profiler:
                             "kept in memory only")
 
     def close(self) -> None:
-        """Flush the database and release the device's worker processes (when it has any)."""
-        self.flush()
+        """:meth:`finish`, and release the device's worker processes (when it has any)."""
+        self.finish()
         close = getattr(self.device, "close", None)
         if close is not None:
             try:
