@@ -462,3 +462,35 @@ def test_ordering_ignores_spill_traffic_but_not_global_accesses():
     problems = codeobject.check_ordering(racy, "gfx942")["problems"]
     assert len(problems) == 1 and "global_store_dword v1" in problems[0]
 
+
+
+def test_release_wait_is_checked_on_every_control_flow_path():
+    """LLVM drops a release's ``s_waitcnt vmcnt(0)`` where every path into its block has nothing
+    outstanding: the block that precedes it in address order (here one ending in ``s_branch``)
+    is not on those paths. Read in address order this looks like a wait-less release; on the
+    control flow it is not, unless a path with an unwaited access branches to it (control)."""
+    waited = ["global_load_dword v1, v0, s[0:1] sc1", "s_waitcnt vmcnt(0)", "buffer_inv sc1",
+              "s_cbranch_execz 3"]
+    elsewhere = ["global_store_dword v1, v2, s[2:3]", "s_branch 9"]
+    release = ["buffer_wbl2 sc1", "s_waitcnt lgkmcnt(0)",
+               "global_atomic_cmpswap v6, v9, v[8:9], s[4:5] sc0", "s_waitcnt vmcnt(0)",
+               "buffer_inv sc1", "s_endpgm"]
+    code = waited + elsewhere + release
+    flow = codeobject.Disassembly(code, {3: 6})  # the acquire's block branches to the release
+    assert codeobject.check_ordering(flow, "gfx942")["problems"] == []
+    assert codeobject.check_ordering(list(code), "gfx942")["problems"]  # address order: flagged
+    racy = codeobject.Disassembly(["global_store_dword v1, v2, s[2:3]", "s_cbranch_execz 3"]
+                                  + elsewhere + release, {1: 4})
+    problems = codeobject.check_ordering(racy, "gfx942")["problems"]
+    assert len(problems) == 1 and "global_atomic_cmpswap" in problems[0]
+
+
+def test_disassembly_resolves_branch_targets(branches):
+    """Every branch of a real persistent kernel resolves to one of its instructions."""
+    _, _, hsaco = branches
+    _, code, names = _persistent(hsaco)
+    for name in names:
+        flow = code[name]
+        assert flow.targets, name
+        for source, target in flow.targets.items():
+            assert flow[source].startswith(("s_branch", "s_cbranch")) and 0 <= target < len(flow)

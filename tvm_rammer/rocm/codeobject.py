@@ -112,18 +112,44 @@ def read_metadata(hsaco: bytes, toolchain: Toolchain | None = None) -> dict:
     return parse_notes(_tool(toolchain, ["readelf", "--notes"], hsaco))
 
 
+class Disassembly(list):
+    """One function's instructions (text, operands kept) and its branches: ``targets[i]`` is the
+    index of the instruction that branch ``i`` jumps to; None when some branch target could not
+    be resolved (the checks then read the instructions in address order, as for a plain list)."""
+
+    def __init__(self, instructions=(), targets=None):
+        super().__init__(instructions)
+        self.targets = None if targets is None else dict(targets)
+
+
+_LINE_RE = re.compile(r"//\s*([0-9A-Fa-f]+):[^<]*(?:<([^>+]+)(?:\+0x([0-9a-fA-F]+))?>)?\s*$")
+
+
 def disassemble(hsaco: bytes, mcpu: str, toolchain: Toolchain | None = None) -> dict:
-    """``{symbol: [instruction text, ...]}`` of a code object's functions (operands kept, the
-    encoding comments dropped)."""
+    """``{symbol: Disassembly}`` of a code object's functions (operands kept, the encoding
+    comments dropped; branch targets resolved from them)."""
     text = _tool(toolchain, ["objdump", "-d", f"--mcpu={mcpu}"], hsaco)
-    functions, current = {}, None
+    functions, current, base = {}, None, 0
+    raw = {}
     for line in text.splitlines():
-        head = re.match(r"^[0-9a-f]+ <([^>]+)>:$", line)
+        head = re.match(r"^([0-9a-f]+) <([^>]+)>:$", line)
         if head:
-            current = functions.setdefault(head.group(1), [])
+            base = int(head.group(1), 16)
+            current = raw.setdefault(head.group(2), [])
             continue
         if current is not None and line.startswith("\t"):
-            current.append(line.split("//")[0].strip())
+            code, _, comment = line.partition("//")
+            found = _LINE_RE.search("//" + comment) if comment else None
+            address = int(found.group(1), 16) - base if found else None
+            target = int(found.group(3) or "0", 16) if found and found.group(2) else None
+            current.append((code.strip(), address, target))
+    for name, rows in raw.items():
+        index = {address: i for i, (_, address, _) in enumerate(rows) if address is not None}
+        branches = [(i, target) for i, (inst, _, target) in enumerate(rows)
+                    if _mnemonic(inst).startswith(("s_branch", "s_cbranch"))]
+        resolved = all(target in index for _, target in branches)
+        functions[name] = Disassembly([inst for inst, _, _ in rows],
+                                      {i: index[t] for i, t in branches} if resolved else None)
     return functions
 
 
@@ -201,7 +227,41 @@ def _release_problems(instructions: list, i: int) -> list:
     if "sc0" in _bits(wbl2) and "sc0" not in _bits(store) and _mnemonic(store).startswith(
             "global_store"):
         return [f"{store!r}: system-scope write-back before a store without sc0"]
-    window = _since_last_vmem(instructions, target)
-    if not any(_waits_vm(p) for p in window):
+    if not _waited_on_every_path(instructions, target):
         return [f"{store!r}: released without s_waitcnt vmcnt(0) after the previous accesses"]
     return []
+
+
+def _predecessors(instructions: list) -> dict:
+    """``{i: [instructions control reaches i from]}``: the one before it unless that one ends or
+    always branches, and every branch to it (``Disassembly.targets``); for a plain list (or
+    unresolved branches) the one before it, always."""
+    targets = getattr(instructions, "targets", None)
+    preds = {i: [] for i in range(len(instructions))}
+    for i in range(1, len(instructions)):
+        if targets is None or _mnemonic(instructions[i - 1]) not in (
+                "s_branch", "s_endpgm", "s_setpc_b64"):
+            preds[i].append(i - 1)  # without the branches: address order, every instruction
+    for source, target in (targets or {}).items():
+        preds[target].append(source)
+    return preds
+
+
+def _waited_on_every_path(instructions: list, target: int) -> bool:
+    """True when every path from the kernel's entry to ``target`` has an ``s_waitcnt vmcnt(0)``
+    after its last vector memory access (the hardware waits per path: LLVM drops a release's
+    wait on a block whose every predecessor has none outstanding, so reading the instructions in
+    address order would see a wait-less release there)."""
+    preds = _predecessors(instructions)
+    stack, seen = list(preds[target]), set()
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if _waits_vm(instructions[i]):
+            continue  # this path waited after anything before it
+        if _is_vmem(instructions[i]):
+            return False
+        stack.extend(preds[i])
+    return True
