@@ -66,9 +66,13 @@ class RammerConfig:
         timed whole per compilation (each is a full nvcc build); the final rPrograms always are
         (while ``profile_budget_s`` lasts). 32 before the budget; 8 now that only close choices
         are timed.
-    profile_budget_s: seconds of measuring (builds and runs) one compilation may spend on the GPU;
-        past it every remaining choice is what it would be without a GPU (the dlight version,
-        analytical times, the rProgram kept), with one warning. None: no limit.
+    profile_budget_s: a deadline for profiling, in seconds from the compile's start: past it no
+        build or run starts, those in flight are abandoned (their processes killed), the policy
+        stops asking for measured plan times, and every remaining choice is what it would be
+        without a GPU (the dlight version, analytical times, the rProgram kept), with one warning
+        naming what was not measured. Profiling so adds at most this much to a compile (the final
+        build of the chosen kernels, done with or without profiling, is not counted). None: no
+        limit.
     profile_margin: measure only what can change a decision: an operator's versions are built and
         timed only when another version's analytical time is within this factor of its dlight
         version's (else dlight, analytical, as without a GPU), and a policy choice between two plans
@@ -99,6 +103,19 @@ class RammerConfig:
         build ran 11,207 us vs TVM's default 6,663 us on an H200; how much of it the coarsening
         costs is not measured apart). True: coarsen down to 16 rTasks (the behaviour before; for
         ablations).
+    check_unmeasured: when nothing is measured or read (no GPU of the target's arch, no profile
+        records: ``--no-profile`` among others), every operator keeps TVM's dlight kernel, so an
+        rProgram runs TVM's default kernels as rTasks; it is built only when an estimate that
+        counts occupancy and block latency (``tvm_rammer.unmeasured_check``) puts it ahead of those
+        operators as TVM's default kernels, else they stay ordinary kernels (TVM's default; a
+        ``fallbacks`` entry with ``source: "estimate"``). The analytical model alone cannot see
+        that an rProgram holds fewer blocks per SM than an ordinary kernel would (the H200 run of
+        7f085df: NASNet-CIFAR, SqueezeNet, AlexNet and ResNeXt-29 slower than TVM's default that
+        way; LSTM-TC and the 16-branch demo, which the check keeps, 42x and 8x faster). False:
+        build every rProgram the policy makes (the behaviour before).
+    block_us: the least time (us) one thread block takes in that check (its loads issued and
+        awaited, its barriers), whatever its share of peak throughput; 1 us fits the H200 run
+        (NASNet-CIFAR: 11,207 us for 4.8 M blocks on 528 vEUs, 1.2 us per block round).
     emulate_versions: check every rKernel version of every placeable operator against TVM's
         default kernel on the CPU emulator (``tvm_rammer.emulator.versions``; needs g++) and never
         use one that is not valid there (CLI ``--emulate`` on inspect/compile). No times: the
@@ -135,6 +152,8 @@ class RammerConfig:
     policy: str = "rammer"
     emulate_versions: bool = False
     coarsen_below_veus: bool = False
+    check_unmeasured: bool = True
+    block_us: float = 1.0
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
@@ -159,6 +178,8 @@ class RammerConfig:
         if self.l2_bw_gbps is not None and not self.l2_bw_gbps > 0:
             raise ValueError(f"l2_bw_gbps={self.l2_bw_gbps} must be positive (or None: the cost "
                              "model's own figure)")
+        if not self.block_us >= 0:
+            raise ValueError(f"block_us={self.block_us}: a block's least time cannot be negative")
         if self.launch_us < 0 or self.barrier_us < 0:
             raise ValueError(f"launch_us={self.launch_us}, barrier_us={self.barrier_us}: "
                              "cost-model times cannot be negative")

@@ -444,7 +444,6 @@ class Profiler:
 
         def profile(plan):
             if not active():  # past the budget: analytical, without hashing the whole plan
-                self._unmeasured["policy"] = True
                 return None
             measure = None if build_and_time is None else (lambda: build_and_time(plan))
             return self.rprogram_time(plan_key(plan, graph), measure)[0]
