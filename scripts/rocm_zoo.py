@@ -47,8 +47,10 @@ def run(label, name, kwargs, target, out_dir) -> dict:
     if compiled.returncode != 0 or not os.path.exists(os.path.join(out_dir, f"{label}.so")):
         row["problems"].append("compile failed: " + compiled.stderr.strip().splitlines()[-1])
         return row
+    start = time.perf_counter()
     inspected = subprocess.run(["tvm-rammer", "inspect", path, "--target", target, "--json",
                                 "--no-progress"], capture_output=True, text=True, check=False)
+    row["inspect_s"] = time.perf_counter() - start
     if inspected.returncode != 0:
         row["problems"].append("inspect failed: " + inspected.stderr.strip().splitlines()[-1])
         return row
@@ -59,6 +61,7 @@ def run(label, name, kwargs, target, out_dir) -> dict:
                vgprs=max((p["code_object"]["vgprs"] for p in programs), default=0),
                sgprs=max((p["code_object"]["sgprs"] for p in programs), default=0),
                lds=max((p["code_object"]["lds_bytes"] for p in programs), default=0),
+               scratch=max((p["code_object"]["scratch_bytes"] for p in programs), default=0),
                sgpr_spills=sum(p["code_object"]["sgpr_spills"] for p in programs),
                veus_per_cu=min((p["veus_per_cu_code_object"] for p in programs
                                 if isinstance(p["veus_per_cu_code_object"], int)), default=0),
@@ -81,15 +84,17 @@ def main(argv=None) -> int:
         row = run(label, name, kwargs, args.target, out_dir)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"| model ({args.target}) | compile s | rPrograms | vEU threads | max VGPRs | max SGPRs "
-          "| max LDS B | SGPR spills | min vEUs/CU | acquires | releases | problems |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| model ({args.target}) | compile s | inspect s | rPrograms | launches | vEU threads "
+          "| max VGPRs | max SGPRs | max LDS B | max scratch B | min vEUs/CU | acquires | releases "
+          "| problems |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['compile_s']:.1f} | {r.get('rprograms', '-')} | "
-              f"{r.get('veu_threads', '-')} | {r.get('vgprs', '-')} | {r.get('sgprs', '-')} | "
-              f"{r.get('lds', '-')} | {r.get('sgpr_spills', '-')} | {r.get('veus_per_cu', '-')} | "
-              f"{r.get('acquires', '-')} | "
-              f"{r.get('releases', '-')} | {'; '.join(r['problems']) or 'none'} |")
+        cells = [r["model"], f"{r['compile_s']:.0f}",
+                 f"{r['inspect_s']:.0f}" if "inspect_s" in r else "-"]
+        cells += [str(r.get(k, "-")) for k in ("rprograms", "launches", "veu_threads", "vgprs",
+                                               "sgprs", "lds", "scratch", "veus_per_cu",
+                                               "acquires", "releases")]
+        print("| " + " | ".join(cells + ["; ".join(r["problems"]) or "none"]) + " |")
     return 1 if any(r["problems"] for r in rows) else 0
 
 
