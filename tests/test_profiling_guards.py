@@ -245,7 +245,7 @@ def test_within_the_budget_everything_is_measured_and_nothing_warned(monkeypatch
         profiler, device, times = _budget_run(monkeypatch, budget_s=200.0)
         profiler.finish()
     assert device.measured == [f"op{i}:dlight" for i in range(4)] and times == [5.0, 5.0]
-    assert profiler.unmeasured() == {"kernels": [], "rprograms": 0, "policy": False}
+    assert profiler.unmeasured() == {"kernels": [], "rprograms": 0, "policy": False, "versions": []}
     assert not [r for r in caplog.records if "profiling budget" in r.getMessage()]
 
 
@@ -299,9 +299,13 @@ def test_a_compile_past_its_budget_finishes_on_predictions_with_one_warning(capl
 
     with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
         device, profiler = compile_with(60.0)
+        spent, _ = compile_with(0.0)  # spent before the back end: no version made, nothing run
+    assert spent.started == [] and spent.measured == []
     assert device.started and all(at < 60.0 for _, at in device.started)
     assert profiler.unmeasured()["rprograms"] or profiler.unmeasured()["policy"]
     assert len([r for r in caplog.records if "profiling budget of 60 s spent" in r.getMessage()]) == 1
+    (cut,) = [r.getMessage() for r in caplog.records if "profiling budget of 0 s" in r.getMessage()]
+    assert "the other versions of" in cut and "not made" in cut
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
         free, _ = compile_with(None)

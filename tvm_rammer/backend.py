@@ -12,7 +12,9 @@ dlight) into the rPrograms to emit:
 3. code: one persistent PrimFunc per rProgram (``codegen.persistent``), placed again when the
    compiled kernel's registers change its occupancy;
 4. never slower than TVM's default: an rProgram whose measured time is not below the measured time
-   of its operators as TVM's default kernels is dropped, and its operators stay ordinary kernels.
+   of its operators as TVM's default kernels is dropped, and its operators stay ordinary kernels;
+   with nothing measured or read, an rProgram that ``unmeasured_check`` (occupancy and block
+   latency) estimates behind TVM's default is not built (``RammerConfig.check_unmeasured``).
 
 Operators left as ordinary kernels (not placeable, or from a dropped rProgram) get TVM's default
 schedule (uncapped: what TVM's default pipeline would build). :class:`RammerBackend` is the module
@@ -37,7 +39,7 @@ from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
 from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 
-from . import rkernels, timeline
+from . import rkernels, timeline, unmeasured_check
 from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
                                  has_barriers, num_counters)
 from .codegen.tensors import TensorPlan, plan_tensors
@@ -204,9 +206,13 @@ def _candidates(graph, mod, target, config, profiler, skipped):
         name = node.gvar.name_hint
         if name in found:
             continue
+        others = config.versions
+        if others and profiler.measures and name in stash and profiler.over_budget():
+            profiler.versions_not_made(name)  # past the budget they could never be measured
+            others = False
         try:
             versions = kernel_versions(name, rk_target, scheduled=mod[node.gvar],
-                                       unscheduled=stash.get(name) if config.versions else None,
+                                       unscheduled=stash.get(name) if others else None,
                                        database=database)
         except Exception as err:  # pylint: disable=broad-except  (one operator's failure is its own)
             LOG.info("tvm-rammer: no rKernel version of %s: %s", name, str(err).splitlines()[0])
@@ -446,9 +452,20 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
                                           profile)
     probe = ResourceProbe(enabled=config.measure_resources)
     built, fallbacks = [], []
+    unmeasured = config.check_unmeasured and not profiler.measures and not profiler.sources
     for k, plan in enumerate(plans):
         if _views_only(plan, graph, mod, skipped):
             continue
+        if unmeasured:  # nothing measured: TVM's kernels as rTasks, estimated against TVM's default
+            estimate = unmeasured_check.check_plan(plan, op_graph, vdevice, config)
+            if estimate is not None:
+                estimate["kernel"] = f"rammer_rprogram{k}"
+                LOG.warning("tvm-rammer: %s", estimate["reason"])
+                fallbacks.append(estimate)
+                for i in plan.ops:
+                    skipped[i] = (f"in rProgram {k}, estimated slower than TVM's default kernels "
+                                  "with nothing measured (RammerConfig.check_unmeasured)")
+                continue
         with _phase(phases, f"persistent kernel {k}"):
             one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
         with _phase(phases, f"check {k} against TVM default"):

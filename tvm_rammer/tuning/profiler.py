@@ -199,7 +199,8 @@ class Profiler:
         self._clock = clock
         self._start = clock() if started is None else started
         self._spent_at: float | None = None  # seconds after the start when the budget ran out
-        self._unmeasured: dict = {"kernels": [], "rprograms": 0, "policy": False}  # by the budget
+        self._unmeasured: dict = {"kernels": [], "rprograms": 0, "policy": False,
+                                  "versions": []}  # what the budget left out
         self._warned: set = set()
         self._failed: dict = {}  # (kind, key) -> failure record, for this compilation only
         self._asked: set = set()  # rProgram keys answered within rprogram_budget
@@ -264,24 +265,34 @@ class Profiler:
         self._unmeasured["kernels"].extend(kernels)
         self._unmeasured["rprograms"] += rprograms
 
+    def versions_not_made(self, operator: str) -> None:
+        """Note an operator whose other rKernel versions were not made (the budget was spent
+        before the back end came to it: it keeps its dlight version)."""
+        self._not_measured()
+        self._unmeasured["versions"].append(operator)
+
     def unmeasured(self) -> dict:
         """What the budget left unmeasured so far: {"kernels": [job labels], "rprograms": count,
-        "policy": whether the policy's later plan comparisons were analytical}."""
+        "policy": whether the policy's later plan comparisons were analytical, "versions":
+        [operators whose other versions were not even made]}."""
         return {"kernels": list(self._unmeasured["kernels"]),
-                "rprograms": self._unmeasured["rprograms"], "policy": self._unmeasured["policy"]}
+                "rprograms": self._unmeasured["rprograms"], "policy": self._unmeasured["policy"],
+                "versions": list(self._unmeasured["versions"])}
 
     def budget_message(self) -> str | None:
         """The warning naming what the budget left unmeasured (None: nothing was left out)."""
         kernels, rprograms = self._unmeasured["kernels"], self._unmeasured["rprograms"]
-        policy = self._unmeasured["policy"]
-        if not kernels and not rprograms and not policy:
+        policy, versions = self._unmeasured["policy"], self._unmeasured["versions"]
+        if not kernels and not rprograms and not policy and not versions:
             return None
         parts = []
+        if versions:
+            parts.append(f"the other versions of {len(versions)} operator(s) (not made: "
+                         f"{_names(versions)}), which keep their dlight version")
         if kernels:
             ops = sorted({label.split(":", 1)[0] for label in kernels})
-            shown = ", ".join(ops[:5]) + (f" and {len(ops) - 5} more" if len(ops) > 5 else "")
-            parts.append(f"{len(kernels)} rKernel version(s) of {len(ops)} operator(s) ({shown}), "
-                         "which keep their dlight version")
+            parts.append(f"{len(kernels)} rKernel version(s) of {len(ops)} operator(s) "
+                         f"({_names(ops)}), which keep their dlight version")
         if rprograms:
             parts.append(f"{rprograms} rProgram(s), which keep their analytical time")
         if policy:
@@ -485,6 +496,13 @@ class Profiler:
         """Counts of times by source, plus the device they are keyed by."""
         return {"device": self.device_id.key if self.device_id else None,
                 **{k: self.counts.get(k, 0) for k in ("profiled", "database", "shipped")}}
+
+
+def _names(names: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` names, then how many more."""
+    names = sorted(set(names))
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _short(err: BaseException) -> str:
