@@ -19,8 +19,11 @@ in a fresh process, four ways:
 - ``again``: the defaults on the database ``after`` filled (a second compile: everything cached).
 
 One JSON line per model, then a Markdown table (kernel builds + rProgram builds, seconds, and the
-ratio to ``none``). The ``rammer`` pipeline only (``frontend.lower``), not ``tvm.compile``'s final
-build, which is the same in all four.
+ratio to ``none``); each JSON line also has the seconds of the profiling phases (``phases_s``:
+making versions, the rKernel batches, the policy's whole-plan materializing and hashing, the
+persistent kernels' TIR, the rProgram builds) and what the budget left unmeasured. The ``rammer``
+pipeline only (``frontend.lower``), not ``tvm.compile``'s final build, which is the same in all
+four.
 """
 from __future__ import annotations
 
@@ -80,6 +83,32 @@ configs = {"none": RammerConfig(profile=False),
 config = configs[mode]
 device = None if mode == "none" else SimulatedDevice(target, int(workers))
 profiler = make_profiler(target, config, device)
+
+from tvm_rammer import backend, policy
+from tvm_rammer.tuning import profiler as profiler_mod
+PHASES = {}
+
+
+def timed(owner, attr, phase):
+    # owner.attr, its calls' seconds summed under PHASES[phase]
+    real = getattr(owner, attr)
+
+    def wrapper(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            PHASES[phase] = PHASES.get(phase, 0.0) + time.perf_counter() - begin
+    setattr(owner, attr, wrapper)
+
+
+timed(backend, "_candidates", "versions")
+timed(profiler_mod.Profiler, "prepare", "rkernels")
+timed(policy, "materialize", "policy_materialize")
+timed(profiler_mod, "plan_key", "plan_key")
+timed(backend, "build_plan", "build_plan")
+if device is not None:
+    timed(device, "time_kernel", "rprogram_build_and_run")
 start = time.perf_counter()
 try:
     lower(mod, target, config, profiler)
@@ -91,7 +120,8 @@ print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
                   "rprogram_builds": device.rprogram_builds if device else 0,
                   "profiled": profiler.counts.get("profiled", 0),
                   "unmeasured": {k: len(v) if isinstance(v, list) else v
-                                 for k, v in profiler.unmeasured().items()}}))
+                                 for k, v in profiler.unmeasured().items()},
+                  "phases_s": {k: round(v, 1) for k, v in PHASES.items()}}))
 """
 
 MODES = ("none", "before", "after", "again")
