@@ -494,3 +494,42 @@ def test_disassembly_resolves_branch_targets(branches):
         assert flow.targets, name
         for source, target in flow.targets.items():
             assert flow[source].startswith(("s_branch", "s_cbranch")) and 0 <= target < len(flow)
+
+
+def test_a_spilling_kernel_is_found_and_named(monkeypatch, tmp_path, caplog):
+    """Negative control of the scratch rule: the reduced LSTM-TC (about 150 VGPRs) with its
+    persistent kernel limited to 32 VGPRs (``amdgpu-num-vgpr``) spills; the code object says so, ``problems_of``
+    flags it and the register probe warns naming the rProgram. Unlimited: none of that."""
+    import logging
+    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.models import REDUCED, get_model
+    from tvm_rammer.rocm.report import problems_of
+    model = get_model("lstm_tc", **REDUCED["lstm_tc"])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the limit is not in the cache key
+    attributes = rocm_build.kernel_attributes
+
+    def tiny(mod):
+        out = attributes(mod)
+        for name, attrs in out.items():
+            if name.startswith("rammer_rprogram"):
+                attrs["amdgpu-num-vgpr"] = "32"
+        return out
+
+    monkeypatch.setattr(rocm_build, "kernel_attributes", tiny)
+    with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
+        _, hsaco = _build(import_onnx(model))
+    meta, _, names = _persistent(hsaco)
+    spilled = [n for n in names if meta[n].scratch_bytes and meta[n].vgpr_spills]
+    assert spilled and any("spills to scratch" in r.getMessage() and "rammer_rprogram0" in
+                           r.getMessage() for r in caplog.records)
+    program = {"code_object": meta[spilled[0]].as_dict(), "veu_threads": 64, "veus_per_sm": 1,
+               "veus_per_cu_code_object": 1, "ordering": {"problems": []}}
+    assert any("scratch" in p for p in problems_of(program))
+    monkeypatch.setattr(rocm_build, "kernel_attributes", attributes)
+    caplog.clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "unlimited"))
+    with caplog.at_level(logging.WARNING, logger="tvm_rammer"):
+        _, hsaco = _build(import_onnx(model))
+    meta, _, names = _persistent(hsaco)
+    assert all(meta[n].scratch_bytes == 0 for n in names)
+    assert not any("spills to scratch" in r.getMessage() for r in caplog.records)

@@ -10,6 +10,8 @@ into ``report.summarize``'s dict.
 
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import tirx
 
@@ -18,6 +20,7 @@ from .codeobject import check_ordering, disassemble, read_metadata
 from .occupancy import veus_per_cu
 from .targets import rocm_arch
 
+LOG = logging.getLogger("tvm_rammer")
 KERNEL_SUFFIX = "_kernel"  # TVM's device function of PrimFunc f is f_kernel
 
 
@@ -49,6 +52,10 @@ def probe_registers(spec, target) -> int:
         func = build_persistent_func(spec, num_veus=1, table_len=16, with_barriers=True,
                                      instantiate=instantiate)
     meta = read_metadata(build_code_object({spec.name: func}, target))[spec.name + KERNEL_SUFFIX]
+    if meta.scratch_bytes or meta.vgpr_spills:
+        LOG.warning("tvm-rammer: %s's persistent kernel spills to scratch (%d B, %d VGPR spills at "
+                    "%d VGPRs): correct but slow; inspect --json lists its code object",
+                    spec.name, meta.scratch_bytes, meta.vgpr_spills, meta.vgprs)
     return -(-meta.vgprs // 8) * 8
 
 
