@@ -498,8 +498,9 @@ def test_disassembly_resolves_branch_targets(branches):
 
 def test_a_spilling_kernel_is_found_and_named(monkeypatch, tmp_path, caplog):
     """Negative control of the scratch rule: the reduced LSTM-TC (about 150 VGPRs) with its
-    persistent kernel limited to 32 VGPRs (``amdgpu-num-vgpr``) spills; the code object says so, ``problems_of``
-    flags it and the register probe warns naming the rProgram. Unlimited: none of that."""
+    persistent kernel limited to 32 VGPRs (``amdgpu-num-vgpr``) spills; the code object says so,
+    ``problems_of`` flags it and the register probe warns naming the rProgram. Unlimited: none of
+    that."""
     import logging
     from tvm_rammer.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
