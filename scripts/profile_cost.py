@@ -155,7 +155,10 @@ def table(results: dict) -> str:
         base = rows["none"].get("seconds")
         cells = [name, f"{base}" if base is not None else "error"]
         for mode in ("before", "after", "again"):
-            r = rows.get(mode, {"error": "not run"})
+            r = rows.get(mode)
+            if r is None:
+                cells.append("-")
+                continue
             if "error" in r or base is None:
                 cells.append("error")
                 continue
