@@ -452,7 +452,8 @@ def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: Ram
                                           profile)
     probe = ResourceProbe(enabled=config.measure_resources)
     built, fallbacks = [], []
-    unmeasured = config.check_unmeasured and not profiler.measures and not profiler.sources
+    unmeasured = (config.check_unmeasured and config.veus_per_sm is None  # a pinned vDevice is kept
+                  and not profiler.measures and not profiler.sources)
     for k, plan in enumerate(plans):
         if _views_only(plan, graph, mod, skipped):
             continue

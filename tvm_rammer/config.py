@@ -111,8 +111,10 @@ class RammerConfig:
         ``fallbacks`` entry with ``source: "estimate"``). The analytical model alone cannot see
         that an rProgram holds fewer blocks per SM than an ordinary kernel would (the H200 run of
         7f085df: NASNet-CIFAR, SqueezeNet, AlexNet and ResNeXt-29 slower than TVM's default that
-        way; LSTM-TC and the 16-branch demo, which the check keeps, 42x and 8x faster). False:
-        build every rProgram the policy makes (the behaviour before).
+        way; LSTM-TC and the 16-branch demo, which the check keeps, 42x and 8x faster). Not
+        applied when ``veus_per_sm`` is set: a vDevice pinned by hand (the emulator's 2 SMs x 1
+        vEU, ablations) is built as asked. False: build every rProgram the policy makes (the
+        behaviour before).
     block_us: the least time (us) one thread block takes in that check (its loads issued and
         awaited, its barriers), whatever its share of peak throughput; 1 us fits the H200 run
         (NASNet-CIFAR: 11,207 us for 4.8 M blocks on 528 vEUs, 1.2 us per block round).
