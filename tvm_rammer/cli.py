@@ -28,6 +28,7 @@ def _config(args) -> RammerConfig:
                         split_concat_matmul=not args.no_split_concat_matmul,
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
                         gemv_epilogue=not args.no_gemv_epilogue,
+                        check_unmeasured=not args.no_unmeasured_check,
                         policy=getattr(args, "policy", "rammer"),
                         emulate_versions=getattr(args, "emulate_versions", False))
 
@@ -112,6 +113,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="keep same-wave GEMVs of one weight apart instead of one GEMM")
     p.add_argument("--no-gemv-epilogue", action="store_true",
                    help="keep an RNN cell's GEMV and its elementwise tail two operators")
+    p.add_argument("--no-unmeasured-check", action="store_true",
+                   help="build every rProgram even when nothing is measured and the estimate says "
+                        "TVM's default kernels would be faster (RammerConfig.check_unmeasured)")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
     p.add_argument("--timings", action="store_true",
                    help="print the seconds each compilation phase took (to stderr)")
