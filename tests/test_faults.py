@@ -111,6 +111,16 @@ def test_the_message_names_the_kernel_the_veu_and_the_rtask():
     assert faults.describe(_words()) is None
 
 
+def test_a_grid_barrier_timeout_says_the_veus_were_not_resident_not_fault_2():
+    """Code 2 (ROCm's software grid barrier; the rocm helpers record it with the kernel alone) has
+    its own message; a barrier-rTask's code 1 message is the control."""
+    grid = faults.message(faults.describe(_words(code=cuda_helpers.FAULT_GRID_TIMEOUT, kernel=1)))
+    assert "rammer_rprogram1" in grid and "grid barrier" in grid and "resident" in grid
+    assert "fault 2" not in grid and "--veus-per-sm" in grid
+    wait = faults.message(faults.describe(_words(code=cuda_helpers.FAULT_WAIT_TIMEOUT, kernel=1)))
+    assert "grid barrier" not in wait and "timed out" in wait
+
+
 def _cpu_vm(mod):
     """A VM on the CPU over ``mod``'s executable with its CUDA module taken out: the VM's
     function pool (and the page's Relax function) need nothing else."""

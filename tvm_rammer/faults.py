@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codegen.cuda_helpers import FAULT_WAIT_TIMEOUT, PAGE_WORDS
+from .codegen.cuda_helpers import FAULT_GRID_TIMEOUT, FAULT_WAIT_TIMEOUT, PAGE_WORDS
 from .codegen.persistent import waiting_barriers
 
 PAGE_FUNC = "rammer_fault_page"
@@ -100,6 +100,13 @@ def describe(words) -> dict | None:
 def message(record: dict, timeout_ms: float | None = None) -> str:
     """The error text for one fault record."""
     limit = f"more than {timeout_ms:g} ms" if timeout_ms else "past its time limit"
+    if record["code"] == FAULT_GRID_TIMEOUT:
+        return (f"tvm-rammer: persistent kernel {record['kernel']}: its grid barrier waited {limit} "
+                f"for vEUs that never arrived: not all of its vEUs were resident on the device at "
+                f"once (the AMD runtime has no cooperative launch to refuse such a grid). Every vEU "
+                f"stopped and the kernel ended: the outputs of this run are invalid. Compile with "
+                f"fewer vEUs (--veus-per-sm N, RammerConfig.veus_per_sm) or leave other work off "
+                f"the GPU while it runs.")
     what = "timed out" if record["code"] == FAULT_WAIT_TIMEOUT else f"fault {record['code']}"
     awaited = (f"vEU {record['awaited_veu']} to reach step {record['awaited_step']}"
                if record["awaited_veu"] >= 0 else

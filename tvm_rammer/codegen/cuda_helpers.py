@@ -61,6 +61,7 @@ WAIT_NAME = "rammer_wait"
 STOPPED_NAME = "rammer_stopped"
 
 FAULT_WAIT_TIMEOUT = 1  # fault code: a barrier-rTask's wait ran past its time limit
+FAULT_GRID_TIMEOUT = 2  # fault code: the software grid barrier (ROCm) ran past its time limit
 # step-array words past the vEUs' steps: code, vEU, instruction, awaited vEU, step, reached step
 STATE_WORDS = 6
 # fault page: code, kernel id, vEU, instruction, awaited vEU, step, reached, next entry, next rTask

@@ -49,8 +49,8 @@ import re
 import subprocess
 import tempfile
 
-from ..codegen.cuda_helpers import (COUNT_NAME, RECORD_NAME, SIGNAL_NAME, STATE_WORDS,
-                                    STOPPED_NAME, TIMER_NAME, WAIT_NAME)
+from ..codegen.cuda_helpers import (COUNT_NAME, FAULT_GRID_TIMEOUT, RECORD_NAME, SIGNAL_NAME,
+                                    STATE_WORDS, STOPPED_NAME, TIMER_NAME, WAIT_NAME)
 from .toolchain import Toolchain
 
 BARRIER_NAME = "rammer_amd_barrier"
@@ -60,7 +60,6 @@ HELPER_NAMES = (SIGNAL_NAME, COUNT_NAME, WAIT_NAME, STOPPED_NAME, TIMER_NAME, RE
                 BARRIER_NAME, GRID_SYNC_NAME, OPAQUE_TID_NAME)
 GRID_COUNT_WORD = 12       # fault page words the software grid barrier uses (faults.py: 0-8 used,
 GRID_GENERATION_WORD = 13  # 15 the magic)
-FAULT_GRID_TIMEOUT = 2     # fault code: the grid barrier timed out (vEUs not all resident)
 REALTIME_NS_PER_TICK = 10  # s_memrealtime runs at 100 MHz on MI200 / MI300
 
 SOURCE = r"""
