@@ -189,3 +189,20 @@ def test_bench_default_torch_systems_are_the_benchmarks_ones():
 
     assert preflight.DEFAULT_TORCH_SYSTEMS == TORCH_SYSTEMS
     assert set(TORCH_SYSTEMS) <= set(SYSTEMS)
+
+
+def test_doctor_reports_the_rocm_toolchain_and_how_to_install_it(monkeypatch):
+    """Missing: the fix is the install command (AMD targets only); present: the tools' paths."""
+    from tvm_rammer.rocm import toolchain
+
+    real = toolchain.locate
+    monkeypatch.setattr(toolchain, "locate", lambda path=None: real("/nonexistent"))
+    missing = doctor._rocm_check()
+    assert missing.status == "missing" and missing.fix == toolchain.INSTALL_COMMAND
+    assert "rammer/amd-" in missing.detail and "ld.lld-22" in missing.detail
+    monkeypatch.undo()
+    found = toolchain.locate()
+    if isinstance(found, str):
+        pytest.skip(f"no ROCm toolchain here ({found})")
+    present = doctor._rocm_check()
+    assert present.status == "ok" and found.ld_lld in present.detail

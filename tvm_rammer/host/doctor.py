@@ -7,8 +7,8 @@ the detail, the fix says how to add it), ``mismatch`` (the GPU is not the defaul
 or ``none`` (no GPU: compiling and inspecting still work). Checks, in order: tvm-rammer itself, TVM
 (version, CUDA runtime loaded or not), the CUDA compiler a build would use (``host.cuda_compile``),
 nvcc, the GPU (name, arch, driver; which ``rammer/...`` tag matches it), the optional packages
-(``host.packages``), a C++ compiler (the CPU emulator builds with one), the profile cache and the
-shipped profile databases.
+(``host.packages``), a C++ compiler (the CPU emulator builds with one), the ROCm toolchain (AMD
+targets), the profile cache and the shipped profile databases.
 """
 
 from __future__ import annotations
@@ -165,6 +165,18 @@ def _cxx_check() -> Check:
                  "apt-get install g++  (or your platform's C++17 compiler)")
 
 
+def _rocm_check() -> Check:
+    from ..rocm.toolchain import INSTALL_COMMAND, locate
+
+    found = locate()
+    if isinstance(found, str):
+        return Check("ROCm toolchain", "missing", "only for --target rammer/amd-*: " +
+                     found.split(";")[0], INSTALL_COMMAND)
+    return Check("ROCm toolchain", "ok", f"ld.lld {found.ld_lld}, clang {found.clang}, device "
+                 f"bitcode in {found.rocm_path} (AMD code objects build; nothing runs on an AMD "
+                 f"GPU through this TVM)")
+
+
 def _size(path: str) -> int:
     return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
 
@@ -196,7 +208,7 @@ def diagnose(default_target: str = "rammer/nvidia-h100") -> list:
     gpu, arch = _gpu_check(default_target)
     checks += [_nvcc_check(arch), gpu]
     checks += [_package_check(m) for m in ("cuda.bindings", "onnxruntime", "matplotlib", "torch")]
-    checks += [_cxx_check(), *_cache_checks()]
+    checks += [_cxx_check(), _rocm_check(), *_cache_checks()]
     return checks
 
 
