@@ -274,13 +274,26 @@ def _without_waits(table: np.ndarray, num_veus: int) -> int:
     return len(waiting)
 
 
+def reverse_order_run(build, waits: bool) -> tuple:
+    """(an ``Interpreter`` over ``build`` in reverse block order, how many barrier-rTasks it had
+    made wait for nothing): with ``waits`` False every program table's waits are removed, the
+    negative control of the tests that check the barriers order the rTasks."""
+    from tvm_rammer.emulator.interpret import Interpreter
+
+    run = Interpreter(build, build.emulated(), order="reverse")
+    removed = 0
+    for launch in build.launches():
+        table = launch.param("table")
+        if table is not None and not waits:
+            removed += _without_waits(run.constant(table.relax_const), launch.grid[0])
+    return run, removed
+
+
 @pytest.mark.parametrize("name, params, vdevice", [
     ("lstm_tc", REDUCED["lstm_tc"], (2, 2)),
     ("branches", {"n": 16}, (2, 1)),  # in forward block order this one happens to come out right
 ])
 def test_waits_removed_from_the_table_give_a_wrong_result(name, params, vdevice):
-    from tvm_rammer.emulator.interpret import Interpreter
-
     proto = get_model(name, **params)
     emulator = _emulator()
     config = RammerConfig(num_sms=vdevice[0], veus_per_sm=vdevice[1])
@@ -290,12 +303,7 @@ def test_waits_removed_from_the_table_give_a_wrong_result(name, params, vdevice)
     ref = onnx_reference(proto, feeds)
     errors = {}
     for waits in (True, False):
-        run = Interpreter(build, build.emulated(), order="reverse")
-        removed = 0
-        for launch in build.launches():
-            table = launch.param("table")
-            if table is not None and not waits:
-                removed += _without_waits(run.constant(table.relax_const), launch.grid[0])
+        run, removed = reverse_order_run(build, waits)
         out = run(*args)
         out = out if isinstance(out, tuple) else (out,)
         errors[waits] = max(relative_error(o, r) for o, r in zip(out, ref))

@@ -16,8 +16,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from test_emulator import reverse_order_run
 from tvm_rammer import RammerConfig
-from tvm_rammer.codegen.persistent import waiting_barriers
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
 from tvm_rammer.runner import onnx_reference, random_inputs
@@ -44,24 +44,10 @@ def _instrumented(proto, config):
     return emulator.emulation_build(lowered, target, pipeline=None), schedules, names
 
 
-def _without_waits(table: np.ndarray, num_veus: int) -> int:
-    waiting = waiting_barriers(table, num_veus)
-    for at in waiting:
-        table[at + 2] = 0
-    return len(waiting)
-
-
 def _run(build, proto, names, waits: bool):
     """(model outputs, {kernel name: timeline buffer}) of one emulated run."""
-    from tvm_rammer.emulator.interpret import Interpreter
-
     feeds = random_inputs(proto, 0)
-    run = Interpreter(build, build.emulated(), order="reverse")
-    removed = 0
-    for launch in build.launches():
-        table = launch.param("table")
-        if table is not None and not waits:
-            removed += _without_waits(run.constant(table.relax_const), launch.grid[0])
+    run, removed = reverse_order_run(build, waits)
     assert waits or removed > 0
     outputs, buffers = run(*[feeds[v.name] for v in proto.graph.input if v.name in feeds])
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
