@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tvm_rammer.benchmarks.harness import git_commit  # noqa: E402
+
 TARGET = "rammer/nvidia-h100"
 EMULATOR_LINE = "rKernel versions checked on the emulator"
 
@@ -89,12 +91,6 @@ def summarize(record: dict) -> dict:
             "left_default": [u["name"] for u in record["left_default_by_emulator"]]}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def markdown(models: dict) -> str:
@@ -132,7 +128,8 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in REDUCED]
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {', '.join(REDUCED)}")
-    models, commit = {}, _commit()  # at the start: each child imports the tree as it is then
+    # at the start: each child imports the tree as it is then
+    models, commit = {}, git_commit(ROOT, short=True)
     for model in args.models or list(REDUCED):
         print(f"{model} ...", file=sys.stderr, flush=True)
         try:
@@ -147,7 +144,8 @@ def main(argv=None) -> int:
         except (subprocess.TimeoutExpired, RuntimeError, ValueError, IndexError) as err:
             record = {"error": f"{type(err).__name__}: {err}"}
         models[model] = record
-        doc = {"commit": commit, "commit_now": _commit(), "precision": args.precision, "target": TARGET,
+        doc = {"commit": commit, "commit_now": git_commit(ROOT, short=True),
+               "precision": args.precision, "target": TARGET,
                "separate_builds": args.separate_builds, "models": models}
         if args.out:  # after every model: a run stopped early keeps what it checked
             Path(args.out).write_text(json.dumps(doc, indent=1))

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +61,7 @@ from tir_templates.default_schedule import scheduled_by  # noqa: E402
 from tir_templates.prelower import UnsupportedKernel, prelower  # noqa: E402
 from tir_templates.serial_run import run_on_cpu, serial_threads, stores_past_the_end  # noqa: E402
 from tir_templates.templates import template_schedules  # noqa: E402
+from tvm_rammer.benchmarks.harness import git_commit  # noqa: E402
 from tvm_rammer.config import RammerConfig  # noqa: E402
 from tvm_rammer.frontend import import_onnx  # noqa: E402
 from tvm_rammer.models import MODELS, REDUCED, get_model  # noqa: E402
@@ -247,12 +247,6 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> int:
@@ -270,7 +264,7 @@ def main(argv=None) -> int:
     config = RammerConfig(precision=args.precision)
     target = rammer_target(DEFAULT_TARGET)
     tolerance = FP16_TOLERANCE if args.precision == "float16" else KERNEL_TOLERANCE
-    commit = _commit()  # the code swept: HEAD when the sweep starts
+    commit = git_commit(ROOT, short=True)  # the code swept: HEAD when the sweep starts
     records = []
     summary = {}
     for model in args.models or list(MODELS):

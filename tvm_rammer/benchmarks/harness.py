@@ -85,12 +85,12 @@ class BenchOptions:
 
 # --- environment ----------------------------------------------------------------------------
 
-def git_commit(path=None) -> str:
-    """``git rev-parse HEAD`` of the checkout holding this package, or "unknown"."""
+def git_commit(path=None, short: bool = False) -> str:
+    """``git rev-parse [--short] HEAD`` of the checkout holding this package, or "unknown"."""
     path = path or Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"], cwd=path,
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
