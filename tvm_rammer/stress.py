@@ -189,15 +189,6 @@ def _device() -> dict:
             "sms": int(dev.multi_processor_count)}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=False, cwd=os.path.dirname(os.path.abspath(__file__))
-                              ).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -212,13 +203,14 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=10_000, help="back-to-back runs")
     p.add_argument("--threads", type=int, default=8)
     args = p.parse_args(argv)
+    from tvm_rammer.benchmarks.harness import git_commit
     from tvm_rammer.gpu import gpu_available
 
     if not gpu_available():
         print("tvm-rammer stress: no CUDA GPU is visible: nothing measured", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    record = {"device": _device(), "commit": _commit(),
+    record = {"device": _device(), "commit": git_commit(),
               "date": datetime.date.today().isoformat(), "parts": {}}
     path = os.path.join(args.out, f"stress-{record['date']}.json")
     parts = {"fuzz": lambda: fuzz_on_gpu(args.graphs, args.seed, args.jobs, args.out),
