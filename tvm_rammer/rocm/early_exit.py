@@ -37,6 +37,9 @@ scratch, 203 VGPRs and none with the clearing).
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -199,34 +202,18 @@ def instantiate(default, kernel, data_vars, rtask_id, tid, veu_threads: int, sme
 
 
 def _local_zero(buf):
-    """Stores of zero into every element of the thread-local buffer ``buf`` (flat index order),
+    """Stores of zero into every element of the thread-local buffer ``buf`` (row-major order),
     or None when its shape is not constant or it is too large to live in registers."""
-    shape = []
-    for extent in buf.shape:
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        shape.append(int(extent.value))
-    total = 1
-    for extent in shape:
-        total *= extent
-    if not 0 < total <= MAX_CLEARED_ELEMENTS:
+    if not all(isinstance(extent, tirx.IntImm) for extent in buf.shape):
+        return None
+    shape = [int(extent.value) for extent in buf.shape]
+    if not 0 < math.prod(shape) <= MAX_CLEARED_ELEMENTS:
         return None
     dtype = tvm.DataType(str(buf.dtype))
-    scalar = tirx.const(0, _scalar_dtype(str(buf.dtype)))
+    scalar = tirx.const(0, str(dtype.with_lanes(1)))
     zero = scalar if dtype.lanes == 1 else tirx.Broadcast(scalar, dtype.lanes)
-    stores = []
-    for flat in range(total):
-        index, rest = [], flat
-        for extent in reversed(shape):
-            index.append(tirx.const(rest % extent, "int32"))
-            rest //= extent
-        stores.append(tirx.BufferStore(buf, zero, list(reversed(index))))
-    return stores
-
-
-def _scalar_dtype(dtype: str) -> str:
-    """``float32x2`` -> ``float32``."""
-    return dtype.split("x")[0] if "x" in dtype else dtype
+    return [tirx.BufferStore(buf, zero, [tirx.const(i, "int32") for i in index])
+            for index in itertools.product(*map(range, shape))]
 
 
 def cleared_locals(stmt):
