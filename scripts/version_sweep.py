@@ -247,8 +247,6 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help=f"zoo models (default: all of {', '.join(MODELS)})")
