@@ -91,8 +91,6 @@ def summarize(record: dict) -> dict:
             "left_default": [u["name"] for u in record["left_default_by_emulator"]]}
 
 
-
-
 def markdown(models: dict) -> str:
     lines = ["| model | operators | versions checked | found wrong | not checkable | left TVM default "
              "| which | g++ builds / s | lowering+g++ s | run s | model s |",
