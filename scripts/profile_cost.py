@@ -4,6 +4,7 @@
     python3 scripts/profile_cost.py squeezenet lstm_tc --out cost.json
     python3 scripts/profile_cost.py --workers 16 alexnet  # build processes (a GPU host has 16 cores)
     python3 scripts/profile_cost.py --full --budget 60 lstm_tc  # full size, "after" within 60 s
+    python3 scripts/profile_cost.py --whole squeezenet    # and the whole tvm.compile (build + nvcc)
 
 No GPU is needed: every kernel and persistent kernel the profiler asks for is really built (TVM's
 CUDA codegen and nvcc, in ``CudaDevice``'s build processes), and its run is replaced by a fake
@@ -22,8 +23,9 @@ One JSON line per model, then a Markdown table (kernel builds + rProgram builds,
 ratio to ``none``); each JSON line also has the seconds of the profiling phases (``phases_s``:
 making versions, the rKernel batches, the policy's whole-plan materializing and hashing, the
 persistent kernels' TIR, the rProgram builds) and what the budget left unmeasured. The ``rammer``
-pipeline only (``frontend.lower``), not ``tvm.compile``'s final build, which is the same in all
-four.
+pipeline only (``frontend.lower``), not ``tvm.compile``'s final build; with ``--whole`` each compile
+is also finished as ``tvm.compile`` finishes it on a GPU host (the build, then nvcc on the module's
+CUDA source: what a user waits for) and a second table compares those whole compiles.
 """
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ from tvm_rammer.target import resolve_target
 from tvm_rammer.tuning import measure
 
 
-def _fake_us(path, low, high):
-    digest = hashlib.sha1(open(path, "rb").read()).digest()
+def _fake_us(path, low, high, entry=""):
+    # a kernel of a batch: its library's bytes and its entry's name
+    digest = hashlib.sha1(open(path, "rb").read() + entry.encode()).digest()
     return low + (high - low) * digest[0] / 255.0
 
 
@@ -65,13 +68,14 @@ class SimulatedDevice(measure.CudaDevice):
             raise measure.BudgetSpent("the profiling budget is spent")
         if fn is measure._run_kernel_worker:
             job = args[0]
-            return {"kernel_us": _fake_us(job["path"], 5.0, 20.0), "valid": True, "error": 0.0,
-                    "default_us": _fake_us(job["ref_path"], 8.0, 20.0) if job["ref_path"] else None}
+            return {"kernel_us": _fake_us(job["path"], 5.0, 20.0, job["entry"]), "valid": True,
+                    "error": 0.0, "default_us": _fake_us(job["ref_path"], 8.0, 20.0, job["ref_entry"])
+                    if job["ref_path"] else None}
         self.rprogram_builds += 1
         return _fake_us(args[0], 5.0, 60.0)
 
 
-name, target_name, mode, workers, db_path, budget, full = sys.argv[1:8]
+name, target_name, mode, workers, db_path, budget, full, whole = sys.argv[1:9]
 target = resolve_target(target_name)
 mod = import_onnx(get_model(name, **({} if full == "1" else REDUCED.get(name, {}))))
 budget = {} if budget == "default" else {"profile_budget_s": None if budget == "none" else float(budget)}
@@ -111,32 +115,46 @@ if device is not None:
     timed(device, "time_kernel", "rprogram_build_and_run")
 start = time.perf_counter()
 try:
-    lower(mod, target, config, profiler)
+    lowered = lower(mod, target, config, profiler)
 finally:
     profiler.close()
 seconds = time.perf_counter() - start
+finish = {}
+if whole == "1":  # the rest of tvm.compile on a GPU host: the build, then the CUDA source compiled
+    import tvm
+    from tir_templates.cuda_resources import compile_cuda_resources
+    from tvm_rammer.target import target_arch
+    begin = time.perf_counter()
+    ex = tvm.compile(lowered, target=target, relax_pipeline=None)
+    finish["build_s"] = round(time.perf_counter() - begin, 1)
+    begin = time.perf_counter()
+    for source in [m.inspect_source() for m in ex.mod.imports[0].imports if m.kind == "cuda"]:
+        compile_cuda_resources(str(source), target_arch(target))  # nvcc, as TVM's nvcc mode
+    finish["nvcc_s"] = round(time.perf_counter() - begin, 1)
 print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
                   "kernel_builds": device._count - device.rprogram_builds if device else 0,
                   "rprogram_builds": device.rprogram_builds if device else 0,
+                  "build_jobs": device.batches if device else 0,
                   "profiled": profiler.counts.get("profiled", 0),
                   "unmeasured": {k: len(v) if isinstance(v, list) else v
                                  for k, v in profiler.unmeasured().items()},
-                  "phases_s": {k: round(v, 1) for k, v in PHASES.items()}}))
+                  "phases_s": {k: round(v, 1) for k, v in PHASES.items()}, **finish}))
 """
 
 MODES = ("none", "before", "after", "again")
 
 
 def run_model(name: str, target: str, workers: int, tmp: str, budget: str = "default",
-              full: bool = False, modes=MODES) -> dict:
-    """The compiles of one model (fresh processes, ``modes``); their rows by mode."""
+              full: bool = False, modes=MODES, whole: bool = False) -> dict:
+    """The compiles of one model (fresh processes, ``modes``); their rows by mode. ``whole``: each
+    also finishes as ``tvm.compile`` does on a GPU host (``build_s`` + ``nvcc_s`` in its row)."""
     rows = {}
     for mode in modes:
         db = os.path.join(tmp, f"{name}-{'before' if mode == 'before' else 'after'}.json")
         if mode in ("before", "after") and os.path.exists(db):
             os.remove(db)
         out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db,
-                              budget, "1" if full else "0"],
+                              budget, "1" if full else "0", "1" if whole else "0"],
                              capture_output=True, text=True, check=False)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if out.returncode != 0 or not lines:
@@ -147,23 +165,34 @@ def run_model(name: str, target: str, workers: int, tmp: str, budget: str = "def
     return rows
 
 
-def table(results: dict) -> str:
-    """Markdown: per model, builds (kernels + rPrograms) and seconds of each mode, ratio to none."""
-    lines = ["| model | no profiling s | before: builds, s (x) | after: builds, s (x) | "
+def whole_seconds(row: dict) -> float | None:
+    """A row's seconds as the whole ``tvm.compile`` on a GPU host: the pipeline, the build and nvcc
+    (None when the row was not finished so)."""
+    if "error" in row or "nvcc_s" not in row:
+        return None
+    return round(row["seconds"] + row["build_s"] + row["nvcc_s"], 1)
+
+
+def table(results: dict, whole: bool = False) -> str:
+    """Markdown: per model, builds (kernels + rPrograms) and seconds of each mode, ratio to none
+    (``whole``: the seconds of the whole ``tvm.compile``, pipeline + build + nvcc)."""
+    seconds = whole_seconds if whole else (lambda r: None if "error" in r else r["seconds"])
+    what = "whole tvm.compile" if whole else "pipeline"
+    lines = [f"| model | no profiling s ({what}) | before: builds, s (x) | after: builds, s (x) | "
              "second compile: builds, s (x) |", "|---|---|---|---|---|"]
     for name, rows in results.items():
-        base = rows["none"].get("seconds")
+        base = seconds(rows["none"])
         cells = [name, f"{base}" if base is not None else "error"]
         for mode in ("before", "after", "again"):
             r = rows.get(mode)
             if r is None:
                 cells.append("-")
                 continue
-            if "error" in r or base is None:
+            if "error" in r or base is None or seconds(r) is None:
                 cells.append("error")
                 continue
             builds = f"{r['kernel_builds']} + {r['rprogram_builds']}"
-            cells.append(f"{builds}, {r['seconds']} ({r['seconds'] / max(base, 1e-9):.2f}x)")
+            cells.append(f"{builds}, {seconds(r)} ({seconds(r) / max(base, 1e-9):.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -180,6 +209,9 @@ def main(argv=None) -> int:
                         help="profile_budget_s of the 'after' and 'again' compiles ('none': no "
                              "limit; default: RammerConfig's)")
     parser.add_argument("--full", action="store_true", help="the full-size models, not REDUCED")
+    parser.add_argument("--whole", action="store_true",
+                        help="finish each compile as tvm.compile does on a GPU host (the build, "
+                             "then nvcc on its CUDA source) and also tabulate those seconds")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     args = parser.parse_args(argv)
@@ -188,11 +220,14 @@ def main(argv=None) -> int:
     if not set(modes) <= set(MODES) or "none" not in modes:
         parser.error(f"--modes: a subset of {','.join(MODES)} that includes 'none'")
     results = {name: run_model(name, args.target, args.workers, args.tmp, args.budget, args.full,
-                               modes) for name in args.models}
+                               modes, args.whole) for name in args.models}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
     print(table(results))
+    if args.whole:
+        print()
+        print(table(results, whole=True))
     return 0
 
 

@@ -2,7 +2,9 @@
 import os
 
 import pytest
+import tvm
 from tvm import relax, tirx
+from tvm.script import tirx as T
 
 from conftest_tir import TARGET, schedule, scheduled_kernel, single_op_module
 from tvm_rammer.gpu import DeviceId, LocalGPU, local_gpu
@@ -32,6 +34,47 @@ def test_kernels_build_in_parallel_worker_processes_with_their_resources():
         device.close()
     assert all(info["registers"] > 0 and info["spills"] == 0 for info in infos)
     assert len({info["path"] for info in infos}) == 3
+
+
+@T.prim_func(s_tir=True)
+def _unprintable_kernel(a: T.Buffer((64,), "float32")):
+    """A GPU kernel TVM's CUDA codegen cannot print (an LLVM intrinsic): its build fails."""
+    T.func_attr({"tirx.is_scheduled": True})
+    for i in T.thread_binding(64, thread="threadIdx.x"):
+        with T.sblock("b"):
+            v = T.axis.spatial(64, i)
+            a[v] = T.call_llvm_pure_intrin("float32", "llvm.sqrt.f32", T.uint32(1), a[v])
+
+
+@pytest.mark.nvcc
+def test_kernels_build_in_batches_with_each_kernels_own_resources_and_failures():
+    """measure_kernels' builds: one library, link and nvcc per batch; each kernel keeps its own
+    entry, registers and shared memory (the same as built alone), and a kernel that does not build
+    (:func:`_unprintable_kernel`) fails alone while its batch's others still build."""
+    kernels = [scheduled_kernel(m) for m in ("matmul", "gemv", "add")]
+    broken = _unprintable_kernel
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET, build_workers=1,
+                        batch_size=4)
+    try:
+        members = device._submit_batches([(kernels[0], True), (broken, True), (kernels[1], True),
+                                          (kernels[2], False)])
+        assert device.batches == 2 and device._count == 4  # at least two batches per process
+        alone = [device._submit_build(k, True).result(timeout=300) for k in kernels[:2]]
+        good = [members[i].result(timeout=300) for i in (0, 2, 3)]
+        with pytest.raises(RuntimeError):
+            members[1].result(timeout=300)
+    finally:
+        device.close()
+    assert len({(g["path"], g["entry"]) for g in good}) == 3
+    for built, single in zip(good[:2], alone):
+        assert built["registers"] == single["registers"] > 0
+        assert built["shared_bytes"] == single["shared_bytes"]
+    assert "registers" not in good[2]  # asked without resources: none measured
+    # the control: the broken kernel's batch does not build as a whole (each was built alone)
+    with pytest.raises(Exception):
+        tvm.tirx.build(tvm.IRModule({"a": kernels[0].with_attr("global_symbol", "a"),
+                                     "b": broken.with_attr("global_symbol", "b")}),
+                       tvm.target.Target(device._target_spec))
 
 
 @pytest.mark.gpu

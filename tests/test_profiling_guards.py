@@ -407,6 +407,7 @@ def test_a_build_past_the_deadline_is_abandoned_and_no_run_starts(device, monkey
     never: cf.Future = cf.Future()  # a build that does not end (a 10-minute nvcc)
     submitted, ran = [], []
     monkeypatch.setattr(device, "_submit_build", lambda func, resources: submitted.append(func) or never)
+    monkeypatch.setattr(device, "_submit_batch", lambda chunk: submitted.append(chunk) or never)
     monkeypatch.setattr(device, "_run", lambda *a, **k: ran.append(a))
     monkeypatch.setattr(measure, "param_specs", lambda func: [])
     jobs = [KernelJob("a", "op:a", "fa", None, None, 1), KernelJob("b", "op:b", "fb", None, None, 1)]

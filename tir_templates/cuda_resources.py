@@ -66,6 +66,20 @@ def parse_ptxas_info(log: str) -> dict:
             "stack_bytes": max(stack, default=0)}
 
 
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+
+
+def parse_ptxas_functions(log: str) -> dict:
+    """{entry function: :func:`parse_ptxas_info` of its part} of a ``-Xptxas -v`` log of a module
+    with several kernels (each part runs from its "Compiling entry function" line to the next)."""
+    starts = list(_ENTRY.finditer(log))
+    found = {}
+    for match, after in zip(starts, starts[1:] + [None]):
+        part = log[match.start():after.start() if after is not None else len(log)]
+        found[match.group(1)] = parse_ptxas_info(part)
+    return found
+
+
 def _compile(source: str, arch: str, workdir: str) -> tuple:
     """(ptxas log, cubin path) of ``source`` compiled in ``workdir``."""
     src = os.path.join(workdir, "kernel.cu")
@@ -89,6 +103,17 @@ def compile_cuda_resources(source: str, arch: str) -> dict:
     log, _ = _compile(source, arch, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     return parse_ptxas_info(log)
+
+
+def compile_cuda_resources_per_kernel(source: str, arch: str) -> dict:
+    """{kernel name: :func:`compile_cuda_resources`' dict} of CUDA ``source`` holding several
+    kernels, from one nvcc run."""
+    workdir = tempfile.mkdtemp(prefix="rammer_cuda_")
+    try:
+        log, _ = _compile(source, arch, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return parse_ptxas_functions(log)
 
 
 def compile_cuda_sass(source: str, arch: str) -> tuple:

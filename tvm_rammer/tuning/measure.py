@@ -157,8 +157,58 @@ def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool) 
     return info
 
 
+def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: list) -> list:
+    """Build the kernels of ``mod_json`` (entry name -> PrimFunc) into one library at ``path``:
+    one TVM build, one link and, for the entries in ``resources``, one ``nvcc -Xptxas -v`` for all.
+    One item per entry (in sorted name order): ``{"path", "entry", registers...}``, or
+    ``{"error": ...}`` for an entry that does not build alone when the whole batch failed (each
+    is then built on its own, so one bad version costs only itself)."""
+    target = tvm.target.Target(target_spec)
+    mod = tvm.ir.load_json(mod_json)
+    names = sorted(gv.name_hint for gv in mod.get_global_vars())
+    try:
+        lib = tvm.tirx.build(mod, target)
+        lib.export_library(path)
+    except Exception:  # pylint: disable=broad-except  (some entry does not build: each alone)
+        return [_alone(mod, name, target_spec, f"{path[:-3]}_{i}.so", name in resources)
+                for i, name in enumerate(names)]
+    items = [{"path": path, "entry": name} for name in names]
+    if resources:
+        from tir_templates.cuda_resources import compile_cuda_resources_per_kernel
+
+        from ..resources import module_cuda_source
+        from ..target import target_arch
+
+        try:
+            found = compile_cuda_resources_per_kernel(module_cuda_source(lib), target_arch(target))
+        except Exception as err:  # pylint: disable=broad-except  (resources are optional)
+            found, why = {}, str(err).splitlines()[0] if str(err) else type(err).__name__
+        else:
+            why = None
+        for item in items:
+            if item["entry"] not in resources:
+                continue
+            mine = [r for k, r in found.items() if k == item["entry"] or k.startswith(item["entry"] + "_kernel")]
+            if mine:
+                item.update(registers=max(r["registers"] for r in mine),
+                            shared_bytes=max(r["shared_bytes"] for r in mine),
+                            spills=sum(r["spills"] for r in mine))
+            else:
+                item["resources_error"] = why or "no ptxas line for this kernel"
+    return items
+
+
+def _alone(mod, name: str, target_spec: dict, path: str, resources: bool) -> dict:
+    """One entry of a failed batch built on its own: its info, or ``{"error": ...}``."""
+    try:
+        single = tvm.IRModule({ENTRY: mod[name].with_attr("global_symbol", ENTRY)})
+        return {**_build_worker(tvm.ir.save_json(single), target_spec, path, resources), "entry": ENTRY}
+    except Exception as err:  # pylint: disable=broad-except  (its own failure, reported per entry)
+        return {"error": _first_line(err)}
+
+
 _LOADED: dict = {}
-_DEFAULT_US: dict = {}  # reference path -> its time: each operator's default kernel is timed once
+_DEFAULT_US: dict = {}  # (reference path, entry) -> its time: each default kernel is timed once
 
 
 def _load(path: str):
@@ -179,8 +229,8 @@ def _arrays(specs, rng, fixed: dict, fill_outputs_from: int | None = None) -> li
     return arrays
 
 
-def _time(lib, dev, args, number: int, repeat: int) -> float:
-    timer = lib.time_evaluator(ENTRY, dev, number=number, repeat=repeat, min_repeat_ms=1)
+def _time(lib, dev, args, number: int, repeat: int, entry: str = ENTRY) -> float:
+    timer = lib.time_evaluator(entry, dev, number=number, repeat=repeat, min_repeat_ms=1)
     return float(np.median(timer(*args).results)) * 1e6
 
 
@@ -192,27 +242,29 @@ def _run_kernel_worker(job: dict) -> dict:
     inputs = _arrays(specs[:first_out], np.random.default_rng(job["seed"]), {})
     record: dict = {}
     lib = _load(job["path"])
+    entry, ref_entry = job.get("entry", ENTRY), job.get("ref_entry", ENTRY)
     version_args = [tvm.runtime.tensor(a, dev) for a in
                     inputs + _arrays(specs[first_out:], np.random.default_rng(1), {},
                                              fill_outputs_from=0)]
-    lib[ENTRY](*version_args)
+    lib[entry](*version_args)
     dev.sync()
     if job.get("ref_path"):
         ref = _load(job["ref_path"])
         ref_args = [tvm.runtime.tensor(a, dev) for a in
                     inputs + [np.zeros(s, d) for _, s, d in specs[first_out:]]]
-        ref[ENTRY](*ref_args)
+        ref[ref_entry](*ref_args)
         dev.sync()
         error = max((relative_error(v.numpy(), r.numpy())
                      for v, r in zip(version_args[first_out:], ref_args[first_out:])), default=0.0)
         tolerance = tolerance_for([d for _, _, d in specs[first_out:]], job["tolerance"])
         record.update(error=error, valid=bool(error <= tolerance), tolerance=tolerance)
-        if job["ref_path"] not in _DEFAULT_US:
-            _DEFAULT_US[job["ref_path"]] = _time(ref, dev, ref_args, job["number"], job["repeat"])
-        record["default_us"] = _DEFAULT_US[job["ref_path"]]
+        if (job["ref_path"], ref_entry) not in _DEFAULT_US:
+            _DEFAULT_US[job["ref_path"], ref_entry] = _time(ref, dev, ref_args, job["number"],
+                                                            job["repeat"], ref_entry)
+        record["default_us"] = _DEFAULT_US[job["ref_path"], ref_entry]
     else:
         record.update(error=None, valid=None)
-    record["kernel_us"] = _time(lib, dev, version_args, job["number"], job["repeat"])
+    record["kernel_us"] = _time(lib, dev, version_args, job["number"], job["repeat"], entry)
     return record
 
 
@@ -290,6 +342,24 @@ def _kill(pool: cf.ProcessPoolExecutor | None) -> None:
         proc.join(timeout=5)
 
 
+class _Member:
+    """The build of one kernel of a batch (:meth:`CudaDevice._submit_batches`), seen as a future:
+    ``done()`` and ``result(timeout)`` of the batch, narrowed to item ``index``; an item that
+    did not build raises its own error."""
+
+    def __init__(self, batch: cf.Future, index: int):
+        self._batch, self._index = batch, index
+
+    def done(self) -> bool:
+        return self._batch.done()
+
+    def result(self, timeout: float | None = None) -> dict:
+        item = self._batch.result(timeout=timeout)[self._index]
+        if "error" in item:
+            raise RuntimeError(item["error"])
+        return item
+
+
 def _first_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
@@ -309,11 +379,14 @@ class CudaDevice:
     build_timeout_s, run_timeout_s: the longest wait for one build, one run job (a version and its
         reference checked and timed, or a persistent kernel's warm-up and timing); past it the job
         is a failure and its worker is killed.
+    batch_size: the most kernels of :meth:`measure_kernels` built together (one TVM build, one
+        link and one nvcc run per batch; a batch that fails is rebuilt kernel by kernel).
     """
 
     def __init__(self, gpu: LocalGPU, target: tvm.target.Target, build_workers: int | None = None,
                  number: int = 20, repeat: int = 5, tolerance: float = KERNEL_TOLERANCE,
-                 build_timeout_s: float = 600.0, run_timeout_s: float = 120.0):
+                 build_timeout_s: float = 600.0, run_timeout_s: float = 120.0,
+                 batch_size: int = 8):
         self.id = gpu.id
         spec = dict(target.export())
         spec.pop("tag", None)
@@ -325,7 +398,9 @@ class CudaDevice:
         self._dir = tempfile.mkdtemp(prefix="tvm_rammer_measure_")
         self._builder: cf.ProcessPoolExecutor | None = None
         self._runner: cf.ProcessPoolExecutor | None = None
-        self._count = 0
+        self._count = 0  # kernels submitted for building
+        self.batches = 0  # build jobs (a batch of kernels each, or one persistent kernel)
+        self.batch_size = batch_size
 
     # processes
     def _build_pool(self) -> cf.ProcessPoolExecutor:
@@ -389,6 +464,7 @@ class CudaDevice:
 
     def _submit_build(self, func: tirx.PrimFunc, resources: bool):
         self._count += 1
+        self.batches += 1
         path = os.path.join(self._dir, f"k{self._count}.so")
         mod = tvm.IRModule({ENTRY: func.with_attr("global_symbol", ENTRY)})
         return _submit(self._build_pool(), _build_worker, tvm.ir.save_json(mod), self._target_spec,
@@ -400,11 +476,14 @@ class CudaDevice:
         deadline = deadline_in(within_s)
         if within_s is not None and within_s <= 0:
             return [None] * len(jobs)  # the budget is spent: not even a build starts
-        refs, builds = {}, []
+        refs = {}
         for job in jobs:
             if job.reference is not None and job.reference_key not in refs:
-                refs[job.reference_key] = self._guarded_submit(job.reference, False)
-        builds = [self._guarded_submit(job.func, True) for job in jobs]
+                refs[job.reference_key] = job.reference
+        futures = self._submit_batches([(f, False) for f in refs.values()] +
+                                       [(job.func, True) for job in jobs])
+        refs = dict(zip(refs, futures[:len(refs)]))
+        builds = futures[len(refs):]
         records, spent = [], False
         for job, build in zip(jobs, builds):
             if spent:  # the budget ran out: the rest of the batch is not measured
@@ -424,17 +503,39 @@ class CudaDevice:
                 progress(1)
         return records
 
-    def _guarded_submit(self, func: tirx.PrimFunc, resources: bool):
-        """A build future, or a future holding the exception when the job cannot even be
+    def _submit_batches(self, items: Sequence[tuple]) -> list:
+        """One future-like build per ``(func, resources)`` item. The items are built in batches
+        (one TVM build, link and nvcc per batch: nvcc's start-up and headers are paid once per
+        batch instead of once per kernel) of at most ``batch_size`` kernels, and at least two
+        batches per build process, so the runner can start on the first while the rest build."""
+        size = max(1, min(self.batch_size, -(-len(items) // (2 * self._workers))))
+        members = []
+        for begin in range(0, len(items), size):
+            chunk = items[begin:begin + size]
+            batch = self._guarded_submit_batch(chunk)
+            members += [_Member(batch, i) for i in range(len(chunk))]
+        return members
+
+    def _guarded_submit_batch(self, chunk: Sequence[tuple]):
+        """A batch build future, or a future holding the exception when it cannot even be
         submitted (serialisation, a broken pool)."""
         try:
-            return self._submit_build(func, resources)
+            return self._submit_batch(chunk)
         except Exception as err:  # pylint: disable=broad-except
             failed: cf.Future = cf.Future()
             failed.set_exception(err)
             if isinstance(err, BrokenProcessPool):
                 self._builder = None
             return failed
+
+    def _submit_batch(self, chunk: Sequence[tuple]) -> cf.Future:
+        self._count += len(chunk)
+        self.batches += 1
+        path = os.path.join(self._dir, f"b{self.batches}.so")
+        names = [f"{ENTRY}_{i:04d}" for i in range(len(chunk))]
+        mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, (f, _) in zip(names, chunk)})
+        return _submit(self._build_pool(), _batch_build_worker, tvm.ir.save_json(mod),
+                       self._target_spec, path, [n for n, (_, res) in zip(names, chunk) if res])
 
     def _measure_one(self, job: KernelJob, build, ref_build, deadline: float | None = None) -> dict | None:
         """One job's record; :class:`BudgetSpent` when ``deadline`` passes before it is measured."""
@@ -445,16 +546,18 @@ class CudaDevice:
         except Exception as err:  # pylint: disable=broad-except  (a version that does not build)
             LOG.info("tvm-rammer: %s does not build for the device: %s", job.label, _first_line(err))
             return {"valid": False, "error": None, "reason": f"build failed: {_first_line(err)}"}
-        ref_path = None
+        ref_path, ref_entry = None, ENTRY
         if ref_build is not None:
             try:
-                ref_path = self._build_result(ref_build, deadline)["path"]
+                ref_info = self._build_result(ref_build, deadline)
+                ref_path, ref_entry = ref_info["path"], ref_info.get("entry", ENTRY)
             except BudgetSpent:
                 raise
             except Exception as err:  # pylint: disable=broad-except
                 LOG.info("tvm-rammer: TVM's default kernel for %s does not build: %s", job.label,
                          _first_line(err))
-        payload = {"path": info["path"], "ref_path": ref_path, "specs": param_specs(job.func),
+        payload = {"path": info["path"], "entry": info.get("entry", ENTRY), "ref_path": ref_path,
+                   "ref_entry": ref_entry, "specs": param_specs(job.func),
                    "num_outputs": job.num_outputs, "seed": 0, "tolerance": self.tolerance,
                    "number": self.number, "repeat": self.repeat}
         try:
