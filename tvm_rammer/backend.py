@@ -189,13 +189,21 @@ def _candidates(graph, mod, target, config, profiler, skipped):
     """name -> _Candidate for every distinct placeable PrimFunc; the unplaceable ones go to skipped.
 
     Versions other than the pipeline's dlight schedule are made only when the profiler can measure
-    them or has records to read: without measured times they could never be chosen."""
+    them or has records to read: without measured times they could never be chosen. An operator
+    with a usable operator record (``tuning.operator_record``) gets only the versions a choice
+    or a measurement can use; the others take the full path, and with a device have their record
+    written."""
+    from .tuning.operator_record import OperatorRecords
     from .tuning.versions import open_database
 
     informed = profiler.measures or bool(profiler.sources) or config.emulate_versions
     stash = unscheduled_funcs(mod) if informed else {}
     database = open_database(config.tuning_db) if (informed and config.tuning_db) else None
     rk_target, plain = rkernel_target(target, config), plain_target(target)
+    records = None  # not with the emulator's check of every version, nor metaschedule versions
+    if informed and stash and not config.emulate_versions and not config.tuning_db:
+        records = OperatorRecords(profiler, target, config,
+                                  runnable=lambda vs: _runnable(vs, config.max_rtask_threads))
     found = {}
     for node in graph.nodes:
         if node.kind == "alias":
@@ -210,6 +218,11 @@ def _candidates(graph, mod, target, config, profiler, skipped):
         if others and profiler.measures and name in stash and profiler.over_budget():
             profiler.versions_not_made(name)  # past the budget they could never be measured
             others = False
+        reused = records.made(name, mod[node.gvar], stash[name]) \
+            if (records is not None and others and name in stash) else None
+        if reused is not None:
+            found[name] = _Candidate(name, node, reused.versions, reused.reference, reused.reference_key)
+            continue
         try:
             versions = kernel_versions(name, rk_target, scheduled=mod[node.gvar],
                                        unscheduled=stash.get(name) if others else None,
@@ -223,6 +236,8 @@ def _candidates(graph, mod, target, config, profiler, skipped):
             ref = schedule_like_default(stash[name], plain)
             if ref is not None:
                 found[name].reference, found[name].reference_key = ref, func_key(ref)
+        if records is not None and others and name in stash:
+            records.note(name, mod[node.gvar], stash[name], versions, found[name].reference_key)
     return found
 
 
@@ -346,7 +361,8 @@ def _spec_for(name: str, graph: DataflowGraph, node_ids: list, selected: dict, o
     spec = PersistentKernelSpec(name=name, tensors=tuple(tensors.slots),
                                 num_inputs=tensors.num_inputs, entries=tuple(tensors.entries),
                                 veu_threads=veu_threads,
-                                wait_timeout_ns=int(config.wait_timeout_ms * 1e6))
+                                wait_timeout_ns=int(config.wait_timeout_ms * 1e6),
+                                rkernel_functions=config.rkernel_functions)
     return spec, tensors
 
 

@@ -9,7 +9,9 @@ structural hash, ``tuning.versions.func_key``), "rprogram" (a placed rProgram), 
 same operators as TVM's default kernels) or "in_context" (an rKernel's rTask times as measured
 inside a persistent kernel by ``tvm-rammer run --timeline --record-in-context``, keyed by the rKernel's
 name ``op:version#hash``; marked ``"in_context": true``; written on request only, read by nothing
-in the compiler yet); ``device`` is ``gpu.DeviceId.key`` (name, arch, driver).
+in the compiler yet) or "operator" (the rKernel versions one operator has and which of them
+have kernel records, so a later compile makes only those it needs: ``tuning.operator_record``,
+keyed by ``operator_record.operator_key``); ``device`` is ``gpu.DeviceId.key`` (name, arch, driver).
 A record is a JSON object; a kernel record holds ``kernel_us``, ``registers``, ``shared_bytes``,
 ``valid`` (its outputs matched TVM's default kernel for the operator) and ``error``.
 
@@ -38,7 +40,7 @@ __all__ = ["FORMAT", "KINDS", "JsonProfileDB", "SqliteProfileDB", "open_profile_
            "default_cache_path", "shipped_profile_dbs", "SHIPPED_DIR"]
 
 FORMAT = "tvm-rammer-profile-db/2"
-KINDS = ("kernel", "rprogram", "default", "in_context")
+KINDS = ("kernel", "rprogram", "default", "in_context", "operator")
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
 

@@ -35,6 +35,11 @@ the device (:func:`is_failure`) is kept for this compilation only (the operator 
 kernel now) and never written to a database, so the next compilation measures it again. A
 database that cannot be written (locked, read-only, full) costs one warning, not the compile.
 
+Operator records (``operator_record``; :meth:`Profiler.note_operator`, written at the end of
+:meth:`Profiler.prepare` with a device): which versions an operator has, with their keys and
+predicted times, so that a later compile makes only the versions it needs
+(:meth:`Profiler.operator_record`, :meth:`Profiler.has_kernel_record`).
+
 Where records come from is counted in ``Profiler.counts``: "profiled" (measured now), "database"
 (the writable database), "shipped" (a read-only database, e.g. one shipped with tvm-rammer).
 Without a device and without a record nothing is measured: the caller decides what that means
@@ -56,6 +61,7 @@ import numpy as np
 from ..gpu import DeviceId
 from ..vdevice import VDevice
 from .measure import BudgetSpent, KernelJob, MeasureDevice
+from .operator_record import FORMAT as OPERATOR_FORMAT, KIND as OPERATOR_KIND
 
 __all__ = ["Timing", "Profiler", "rtask_time", "plan_key", "Progress", "decisive_jobs",
            "is_failure", "FAILURES"]
@@ -205,6 +211,7 @@ class Profiler:
         self._failed: dict = {}  # (kind, key) -> failure record, for this compilation only
         self._asked: set = set()  # rProgram keys answered within rprogram_budget
         self._measured: set = set()
+        self._operators: dict = {}  # operator -> its record's key, versions, reference (note_operator)
         self.sources = []  # (database, device its records are read for, label): one source
         if device is not None:
             self.sources = [(db, device.id, "database")]
@@ -349,17 +356,17 @@ class Profiler:
                 continue
             seen.add(job.key)
             todo.append(job)
-        if not todo:
-            return
-        progress = Progress(len(todo), "tvm-rammer: profiling rKernels", self.progress)
-        try:
-            for batch in _batches(todo, BATCH_JOBS):
-                if self.over_budget():
-                    self._not_measured(kernels=[job.label for job in batch])
-                    continue
-                self._measure_batch(batch, progress)
-        finally:
-            progress.close()
+        if todo:
+            progress = Progress(len(todo), "tvm-rammer: profiling rKernels", self.progress)
+            try:
+                for batch in _batches(todo, BATCH_JOBS):
+                    if self.over_budget():
+                        self._not_measured(kernels=[job.label for job in batch])
+                        continue
+                    self._measure_batch(batch, progress)
+            finally:
+                progress.close()
+        self._write_operators(jobs)
 
     def _measure_batch(self, batch: list, progress) -> None:
         try:
@@ -386,6 +393,47 @@ class Profiler:
                        "reference": True}
                 items.append(("kernel", job.reference_key, self.device.id, ref))
                 self._measured.add(("kernel", job.reference_key))
+        self._put(items)
+
+    # --- operator records (``operator_record``): which versions a later compile makes ----------
+    def operator_record(self, key: str) -> dict | None:
+        """The operator record (``operator_record.KIND``) under ``key``, or None."""
+        record = self._lookup(OPERATOR_KIND, key)[0]
+        return record if isinstance(record, dict) else None
+
+    def has_kernel_record(self, key: str) -> bool:
+        """Whether an rKernel version has a kernel record that is not a failure."""
+        record = self._lookup("kernel", key)[0]
+        return record is not None and not is_failure(record)
+
+    def note_operator(self, operator: str, key: str, versions: Sequence, reference_key) -> None:
+        """Write ``operator``'s record under ``key`` once :meth:`prepare` has measured (with a
+        device only): ``versions`` are (name, source, func_key) of every version made, in order;
+        their predicted times come from :meth:`prepare`'s jobs."""
+        if self.device is not None:
+            self._operators[operator] = (key, list(versions), reference_key)
+
+    def _write_operators(self, jobs: Sequence[KernelJob]) -> None:
+        """The records of the operators noted (see ``operator_record``), written when new or
+        changed; which versions have kernel records is read after this compile's measuring."""
+        if not self._operators:
+            return
+        predicted = {(job.operator, job.key): job.predicted_us for job in jobs}
+        items = []
+        for operator, (key, versions, reference_key) in self._operators.items():
+            entries = [{"name": name, "source": source, "key": vkey,
+                        "predicted_us": predicted.get((operator, vkey))}
+                       for name, source, vkey in versions]
+            measured = {e["name"]: self._lookup("kernel", e["key"])[0] for e in entries
+                        if self.has_kernel_record(e["key"])}
+            timed = {n: r["kernel_us"] for n, r in measured.items()
+                     if r.get("valid") is True and r.get("kernel_us") is not None}
+            record = {"format": OPERATOR_FORMAT, "operator": operator, "versions": entries,
+                      "reference_key": reference_key,
+                      "measured": sorted(measured), "fastest": min(timed, key=timed.get) if timed else None}
+            if self._lookup(OPERATOR_KIND, key)[0] != record:
+                items.append((OPERATOR_KIND, key, self.device.id, record))
+        self._operators = {}
         self._put(items)
 
     def kernel(self, key: str) -> tuple:

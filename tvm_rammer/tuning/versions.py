@@ -12,7 +12,9 @@ always kept:
    configurations (``Matmul.Config`` variants; every rule under narrower ``max_num_threads``);
 3. ``template``: our own parametrised schedules (``tir_templates.templates``).
 
-A version that ``prelower`` rejects is dropped with its reason logged.
+A version that ``prelower`` rejects is dropped with its reason logged. :func:`named_versions` makes
+only the versions named (a dlight variant or template each made alone, by its name): what a
+compile with an operator record (``tuning.operator_record``) needs, without making the others.
 
 Unscheduled PrimFuncs: dlight replaces each PrimFunc of the Relax module by its scheduled version, and
 versions 1-3 start from the *unscheduled* one. The least invasive way to keep it is the module pass
@@ -38,7 +40,8 @@ from tir_templates.templates import template_schedules
 from ..target import capped_target
 
 __all__ = ["STASH_ATTR", "StashUnscheduled", "unscheduled_funcs", "KernelVersion", "VersionOptions",
-           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "func_key", "open_database"]
+           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "named_versions", "func_key",
+           "open_database"]
 
 LOG = logging.getLogger("tvm_rammer")
 STASH_ATTR = "rammer.unscheduled"
@@ -133,38 +136,41 @@ def _apply(func, target, *rules):
     return out if is_scheduled(out) else None
 
 
-def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
-    """(name, scheduled PrimFunc) for dlight's rules under other tile configurations."""
-    found = []
+def _dlight_makers(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
+    """(name, make) for every dlight variant, in order; ``make()`` is the scheduled PrimFunc or
+    None (it may raise: a rule that fails does not apply). Nothing is scheduled until called."""
+    makers = []
     base = dl.gpu.Matmul().get_configs(target)
     for overrides in _MATMUL_CONFIGS:
         config = dl.gpu.Matmul.Config(**{**base.__dict__, **overrides})
         name = "dlight_matmul_b{block_size_x}x{block_size_y}_m{micro_size_x}x{micro_size_y}".format(
             **config.__dict__)
-        try:
-            scheduled = _apply(func, target, _MatmulWith(config))
-        except Exception as err:  # pylint: disable=broad-except  (a rule that fails = does not apply)
-            LOG.debug("tvm-rammer: %s does not apply: %s", name, err)
-            scheduled = None
-        if scheduled is not None:
-            found.append((name, scheduled))
+        makers.append((name, lambda c=config: _apply(func, target, _MatmulWith(c))))
     for threads in _THREAD_CAPS:
-        try:
-            scheduled = _apply(func, capped_target(target, threads), *default_rules())
-        except Exception as err:  # pylint: disable=broad-except
-            LOG.debug("tvm-rammer: dlight under %d threads does not apply: %s", threads, err)
-            scheduled = None
-        if scheduled is not None:
-            found.append((f"dlight_t{threads}", scheduled))
+        makers.append((f"dlight_t{threads}",
+                       lambda t=threads: _apply(func, capped_target(target, t), *default_rules())))
     # dlight's Fallback alone: serial reductions, no warp shuffles, so a version that can always
     # early-exit in a wider vEU (cross-thread reductions over a partial warp cannot)
+    makers.append(("dlight_fallback", lambda: _apply(func, target, dl.gpu.Fallback())))
+    return makers
+
+
+def _made(name: str, make):
+    """``make()``, or None (logged) when its rule does not apply or fails."""
     try:
-        scheduled = _apply(func, target, dl.gpu.Fallback())
-    except Exception as err:  # pylint: disable=broad-except
-        LOG.debug("tvm-rammer: dlight Fallback does not apply: %s", err)
-        scheduled = None
-    if scheduled is not None:
-        found.append(("dlight_fallback", scheduled))
+        return make()
+    except Exception as err:  # pylint: disable=broad-except  (a rule that fails = does not apply)
+        LOG.debug("tvm-rammer: %s does not apply: %s", name, err)
+        return None
+
+
+def dlight_schedules(func: tirx.PrimFunc, target: tvm.target.Target) -> list:
+    """(name, scheduled PrimFunc) for dlight's rules under other tile configurations."""
+    found = []
+    for name, make in _dlight_makers(func, target):
+        scheduled = _made(name, make)
+        if scheduled is not None:
+            found.append((name, scheduled))
     return found
 
 
@@ -210,6 +216,62 @@ def metaschedule_schedules(func: tirx.PrimFunc, target: tvm.target.Target, datab
         scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
         found.append((f"metaschedule_top{rank}", scheduled))
     return found
+
+
+_TEMPLATE_NAMES = (  # a template version's name -> (module, function) that makes it from its numbers
+    (r"spatial_t(\d+)x(\d+)", "tir_templates.templates", "schedule_spatial"),
+    (r"cross_thread_r(\d+)x(\d+)", "tir_templates.templates", "schedule_cross_thread"),
+    (r"tiled_matmul_m(\d+)n(\d+)_t(\d+)x(\d+)_k(\d+)", "tir_templates.templates",
+     "schedule_tiled_matmul"),
+    (r"gemm_m(\d+)n(\d+)_t(\d+)x(\d+)_k(\d+)", "tir_templates.gemm_templates", "schedule_gemm_tiled"),
+    (r"small_batch_v(\d+)_n(\d+)_k(\d+)", "tir_templates.gemm_templates",
+     "schedule_gemm_small_batch"),
+    (r"depthwise_h(\d+)w(\d+)_t(\d+)", "tir_templates.conv_templates", "schedule_depthwise_conv2d"),
+)
+
+
+def _template_named(func: tirx.PrimFunc, target: tvm.target.Target, vname: str):
+    """The template version ``vname`` of ``func`` (unscheduled), made alone when its name says how
+    (``_TEMPLATE_NAMES``), else picked from every template (``template_schedules``); None when
+    it does not apply."""
+    import importlib
+    import re
+
+    for pattern, module, function in _TEMPLATE_NAMES:
+        match = re.fullmatch(pattern, vname)
+        if match:
+            make = getattr(importlib.import_module(module), function)
+            return _made(vname, lambda: make(func, *(int(g) for g in match.groups())))
+    return next((t.func for t in template_schedules(func, target) if t.name == vname), None)
+
+
+def named_versions(name: str, target: tvm.target.Target, wanted, *, scheduled: tirx.PrimFunc,
+                   unscheduled: tirx.PrimFunc) -> list[KernelVersion] | None:
+    """Only the versions ``wanted`` ((version name, source) pairs, in their order) of one operator,
+    each made alone: what :func:`kernel_versions` made under those names, without making the
+    others. The pipeline's version ("dlight") is ``scheduled``; dlight variants and templates
+    are made from ``unscheduled``. None when any cannot be made (a name no maker knows, a
+    metaschedule version, a schedule that no longer applies, ``prelower`` rejects it, another
+    source): the caller then makes every version (:func:`kernel_versions`)."""
+    dlight = dict(_dlight_makers(unscheduled, target))
+    versions = []
+    for vname, source in wanted:
+        if vname == "dlight":
+            func, made_source = scheduled, scheduled_by(scheduled) or "dlight"
+        elif vname in dlight:
+            func, made_source = _made(vname, dlight[vname]), "dlight"
+        elif source == "template":
+            func, made_source = _template_named(unscheduled, target, vname), "template"
+        else:
+            return None
+        if func is None or made_source != source:
+            return None
+        try:
+            lowered = prelower(func, target, name=name)
+        except UnsupportedKernel:
+            return None
+        versions.append(KernelVersion(vname, source, func, lowered))
+    return versions
 
 
 def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.PrimFunc | None = None,

@@ -1,0 +1,192 @@
+"""Operator records (issue 21): a second compile on a filled profile database makes only the rKernel
+versions it needs, and chooses exactly what the full path (every version made) chooses; a record
+that is missing, stale or names a version or kernel record that is gone falls back to the full path.
+
+Compiles run with the fake device (``fake_device.FakeDevice``: a deterministic time per kernel) on
+reduced AlexNet; versions made are counted at ``tuning.versions.prelower`` (every version made,
+by the full path or from a record, is prelowered there once)."""
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from fake_device import FakeDevice
+from tvm_rammer.config import RammerConfig
+from tvm_rammer.frontend import import_onnx
+from tvm_rammer.inspection import inspect_model
+from tvm_rammer.models import REDUCED, get_model
+from tvm_rammer.tuning import operator_record, versions
+from tvm_rammer.tuning.profile_db import open_profile_db
+from tvm_rammer.tuning.profiler import Profiler
+
+TARGET = "rammer/nvidia-h100"
+MARGIN = 1.25  # RammerConfig's default profile_margin: only the decisive versions are measured
+
+
+def kernel_us(job) -> float:
+    """A deterministic time per kernel (its func_key), so versions other than dlight win too."""
+    return 4.0 + int(hashlib.sha1(job.key.encode()).hexdigest()[:4], 16) % 13
+
+
+class Counter:
+    """Counts the versions made (calls of versions.prelower), by operator."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = versions.prelower
+
+        def counting(func, target, name=None):
+            self.calls.append(name)
+            return real(func, target, name=name)
+
+        monkeypatch.setattr(versions, "prelower", counting)
+
+    def take(self) -> list:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@pytest.fixture(scope="module")
+def alexnet():
+    return import_onnx(get_model("alexnet", **REDUCED["alexnet"]))
+
+
+def compile_once(model, path, device=True):
+    """(inspect summary, profiler) of one compile on the database at ``path``."""
+    profiler = Profiler(open_profile_db(path), FakeDevice(kernel_us=kernel_us) if device else None,
+                        "sm_90a", margin=MARGIN)
+    return inspect_model(model, TARGET, RammerConfig(), profiler), profiler
+
+
+def ignoring_records(monkeypatch):
+    """The negative control: every operator record is ignored (read as absent)."""
+    monkeypatch.setattr(Profiler, "operator_record", lambda self, key: None)
+
+
+@pytest.fixture(scope="module")
+def filled(alexnet, tmp_path_factory):
+    """A database after one profiled compile, and how many versions that compile made."""
+    path = str(tmp_path_factory.mktemp("db") / "profiles.json")
+    calls = []
+    real = versions.prelower
+    versions.prelower = lambda func, target, name=None: calls.append(name) or real(func, target, name=name)
+    try:
+        summary, profiler = compile_once(alexnet, path)
+    finally:
+        versions.prelower = real
+    assert profiler.device.measured
+    return path, summary, len(calls)
+
+
+def copy_db(filled, tmp_path) -> str:
+    path = str(tmp_path / "profiles.json")
+    shutil.copy(filled[0], path)
+    return path
+
+
+def operator_records(path) -> dict:
+    with open(path, encoding="utf-8") as f:
+        (device,) = json.load(f)["devices"].values()
+    return device.get(operator_record.KIND, {})
+
+
+def edit_db(path, change) -> None:
+    """``change(device records)`` applied to the JSON database in place."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    (device,) = doc["devices"].values()
+    change(device)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def test_the_first_compile_writes_one_record_per_operator_naming_every_version(filled):
+    records = operator_records(filled[0])
+    assert records
+    for record in records.values():
+        names = [v["name"] for v in record["versions"]]
+        assert "dlight" in names and len(names) == len(set(names))
+        assert set(record["measured"]) <= set(names)
+        assert record["fastest"] is None or record["fastest"] in record["measured"]
+    assert sum(len(r["versions"]) for r in records.values()) <= filled[2]
+    assert any(len(r["versions"]) > len(r["measured"]) + 1 for r in records.values()), \
+        "the margin left versions unmeasured: the ones a second compile need not make"
+
+
+def test_a_second_compile_makes_fewer_versions_and_chooses_the_same(alexnet, filled, tmp_path,
+                                                                   monkeypatch):
+    path = copy_db(filled, tmp_path)
+    count = Counter(monkeypatch)
+    again, profiler = compile_once(alexnet, path)
+    made = count.take()
+    ignoring_records(monkeypatch)  # the negative control: the full path on the same database
+    full, control = compile_once(alexnet, path)
+    assert again == full  # the same rPrograms, kernels, versions, times and fallbacks
+    assert len(count.take()) == filled[2]  # every version made, as in the first compile
+    assert 0 < len(made) < filled[2] / 2, (len(made), filled[2])
+    assert profiler.device.measured == control.device.measured == []
+    assert profiler.device.rprograms == control.device.rprograms == 0
+    kernels = [op["kernel"] for p in filled[1]["programs"] for op in p["operators"]]
+    assert [op["kernel"] for p in again["programs"] for op in p["operators"]] == kernels
+
+
+def test_without_a_device_the_records_are_read_too(alexnet, filled, tmp_path, monkeypatch):
+    path = copy_db(filled, tmp_path)
+    count = Counter(monkeypatch)
+    reused, _ = compile_once(alexnet, path, device=False)
+    made = len(count.take())
+    ignoring_records(monkeypatch)
+    full, _ = compile_once(alexnet, path, device=False)
+    assert made < len(count.take()) == filled[2]
+    assert reused == full
+
+
+def _one_measured_other(records):
+    """(record key, record, a measured version other than dlight) of some operator."""
+    for key, record in records.items():
+        others = [n for n in record["measured"] if n != "dlight"]
+        if others:
+            return key, record, others[0]
+    raise AssertionError("no operator had a version other than dlight measured")
+
+
+@pytest.mark.parametrize("stale", ["version_gone", "kernel_record_gone", "func_key_changed",
+                                   "prediction_changed"])
+def test_a_stale_record_falls_back_to_the_full_path_with_the_same_result(alexnet, filled, tmp_path,
+                                                                       monkeypatch, stale):
+    key, record, name = _one_measured_other(operator_records(filled[0]))
+    entry = next(v for v in record["versions"] if v["name"] == name)
+
+    def change(device):
+        rec = device[operator_record.KIND][key]
+        ver = next(v for v in rec["versions"] if v["name"] == name)
+        if stale == "version_gone":  # a version no maker knows any more
+            ver["name"] = "template_that_no_longer_exists"
+            rec["measured"] = [ver["name"] if n == name else n for n in rec["measured"]]
+        elif stale == "kernel_record_gone":
+            del device["kernel"][entry["key"]]
+        elif stale == "func_key_changed":  # the maker now makes another kernel under that name
+            ver["key"] = "0" * 16
+            device["kernel"]["0" * 16] = device["kernel"][entry["key"]]
+        else:
+            ver["predicted_us"] = 1e-3
+
+    tampered = copy_db(filled, tmp_path)
+    edit_db(tampered, change)
+    control_db = str(tmp_path / "control.json")
+    shutil.copy(tampered, control_db)
+
+    count = Counter(monkeypatch)
+    result, profiler = compile_once(alexnet, tampered)
+    made = count.take()
+    fell_back = [n for n in made if n == record["operator"]]
+    assert len(fell_back) >= len(record["versions"]), "that operator made every version again"
+    assert len(made) < filled[2], "the other operators still used their records"
+    ignoring_records(monkeypatch)
+    full, control = compile_once(alexnet, control_db)
+    assert result == full
+    assert profiler.device.measured == control.device.measured  # the lost record measured again
+    if stale == "kernel_record_gone":
+        assert profiler.device.measured, "the version whose record was lost is measured again"
+

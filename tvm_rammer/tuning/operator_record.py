@@ -1,0 +1,200 @@
+"""Per-operator records: which rKernel versions an operator has, so that a compile whose kernel
+records are already in the profile database makes only the versions it needs (issue 21).
+
+Making every version of every operator (``versions.kernel_versions``: dlight variants and
+templates, each scheduled and prelowered) only to look their records up was most of a second,
+fully cached compile (squeezenet: 15 of 16 s). A compile that measures (a device) writes, per
+operator, one record of kind "operator" (``profile_db``), keyed by :func:`operator_key`
+(the operator's unscheduled and pipeline-scheduled PrimFuncs, the rKernel target, every option
+that changes versions or their analytical times, the vDevice, TVM's version), holding:
+
+- ``versions``: every version the full path made, in order: name, source, ``func_key`` and the
+  analytical time the profiler's choice of what to measure used (``predicted_us``);
+- ``reference_key``: the ``func_key`` of TVM's default kernel for the operator;
+- ``measured``: the versions with a kernel record when it was written, and ``fastest`` among them,
+  and ``operator``, the name it was written for (for reading; the choice is made again from the
+  kernel records).
+
+A later compile that finds it (:meth:`OperatorRecords.made`) makes only the versions
+:func:`needed_versions` names, every one of which the full path would have given the same role:
+the pipeline's dlight version, every version with a kernel record (``rkernels.operator_versions``
+offers every valid measured one to the policy and lists the wrong ones), and, with a device, the
+versions ``profiler.decisive_jobs`` would measure that have no record (with TVM's default kernel
+to check them against). The versions left out have no record and would not be measured: the
+full path would make them and then never use them, so the operator, its choices and the plan
+are the same. Anything missing or inconsistent makes the operator take the full path: no record,
+a version not makeable by name or no longer the same kernel (its ``func_key``), a version the
+record says was measured whose kernel record is gone, a fresh analytical time that differs from
+the recorded one. The record names kernels, not measurements: a failed measurement leaves no
+kernel record (``profiler.is_failure``), so the next compile makes and measures that version
+again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+
+import tvm
+
+from .versions import func_key, named_versions
+
+__all__ = ["KIND", "FORMAT", "operator_key", "needed_versions", "OperatorRecords", "Reused"]
+
+LOG = logging.getLogger("tvm_rammer")
+KIND = "operator"
+FORMAT = 1
+PIPELINE_VERSION = "dlight"  # rkernels.PIPELINE_VERSION
+# RammerConfig fields that change neither an operator's versions nor their analytical times
+# (every other field is in the key: a new one costs a miss, never a wrong record)
+_NOT_IN_KEY = ("profile", "profile_db", "rprogram_profiles", "profile_budget_s", "profile_margin",
+               "timeline", "emulate_versions", "wait_timeout_ms")
+
+
+def operator_key(unscheduled, scheduled, target, plain, config, vdevice) -> str:
+    """The key of an operator's record: 16 hex digits of a hash of everything its versions and
+    their analytical times depend on (see the module docstring)."""
+    options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if f.name not in _NOT_IN_KEY}
+    doc = {"format": FORMAT, "tvm": tvm.__version__, "unscheduled": func_key(unscheduled),
+           "scheduled": func_key(scheduled), "target": str(target), "plain": str(plain),
+           "config": options, "vdevice": repr(vdevice)}
+    blob = json.dumps(doc, sort_keys=True, default=repr)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def needed_versions(record: dict, has_record, measures: bool, margin: float | None,
+                    max_versions: int) -> tuple | None:
+    """(the entries of ``record["versions"]`` a compile needs, in order; whether a version may be
+    measured), or None when the record cannot be used (no dlight version, or a version it says
+    was measured has no kernel record now). ``has_record(key)``: a kernel record (not a failure)
+    exists. With ``measures``, the versions ``decisive_jobs`` (``margin``, ``max_versions``)
+    could measure are needed too when they lack a record; its ``min_share`` only leaves whole
+    operators out, so it is not applied here (more versions made, never fewer)."""
+    versions = record.get("versions") or []
+    base = next((v for v in versions if v["name"] == PIPELINE_VERSION), None)
+    if base is None or record.get("format") != FORMAT:
+        return None
+    present = {v["name"]: has_record(v["key"]) for v in versions}
+    if any(not present.get(name, False) for name in record.get("measured", ())):
+        return None  # a kernel record gone: measured again, or chosen without, by the full path
+    need = {name for name, found in present.items() if found} | {PIPELINE_VERSION}
+    measurable = False
+    if measures:
+        others = [v for v in versions if v["name"] != PIPELINE_VERSION]
+        if margin is None or base.get("predicted_us") is None \
+                or any(v.get("predicted_us") is None for v in others):
+            close = others
+        else:
+            close = sorted((v for v in others if v["predicted_us"] <= margin * base["predicted_us"]),
+                           key=lambda v: v["predicted_us"])[:max_versions]
+        need |= {v["name"] for v in close if not present[v["name"]]}
+        measurable = any(not present[name] for name in need)
+    return [v for v in versions if v["name"] in need], measurable
+
+
+@dataclass
+class Reused:
+    """An operator's versions made from its record: ``versions`` (only the needed ones),
+    TVM's default kernel (``reference``, made only when a version may be measured) and its key."""
+
+    versions: list
+    reference: object
+    reference_key: str | None
+
+
+class OperatorRecords:
+    """Reading and noting operator records for one compile's back end.
+
+    ``profiler``: the compile's ``Profiler`` (records are read from its sources, and written by it
+    to its database with its device); ``target``: the compile's target; ``config``: its
+    RammerConfig; ``runnable(versions)``: the versions whose rTasks fit a vEU (the back end's
+    filter, applied to what :func:`versions.kernel_versions` makes)."""
+
+    def __init__(self, profiler, target, config, runnable):
+        from ..rkernels import vdevice_for
+        from ..target import plain_target, rkernel_target
+
+        self.profiler, self.config, self.runnable = profiler, config, runnable
+        self.target, self.plain = rkernel_target(target, config), plain_target(target)
+        self.vdevice = vdevice_for(target, config)
+        self.counts = {"reused": 0, "full": 0}
+
+    def predict(self, scheduled, lowered) -> float | None:
+        """A version's analytical whole-kernel time as the back end predicts it for the profiler
+        (``backend._predictor``; None when it cannot)."""
+        from ..rkernels import flops_and_bytes, predicted_kernel_us
+
+        try:
+            flops, nbytes = flops_and_bytes(scheduled)
+            return predicted_kernel_us(flops, nbytes, lowered, self.config, self.vdevice)
+        except Exception:  # pylint: disable=broad-except  (as the back end: no prediction)
+            return None
+
+    def default(self, unscheduled):
+        """TVM's default kernel for the operator (``schedule_like_default``), or None."""
+        from tir_templates.default_schedule import schedule_like_default
+
+        return schedule_like_default(unscheduled, self.plain)
+
+    def key(self, scheduled, unscheduled) -> str:
+        return operator_key(unscheduled, scheduled, self.target, self.plain, self.config, self.vdevice)
+
+    def made(self, name: str, scheduled, unscheduled) -> Reused | None:
+        """The operator's needed versions made from its record (see the module docstring), or
+        None: no usable record, or anything inconsistent (the caller takes the full path)."""
+        from .profiler import MAX_VERSIONS
+
+        try:
+            reused = self._made(name, scheduled, unscheduled, MAX_VERSIONS)
+        except Exception as err:  # pylint: disable=broad-except  (the full path decides then)
+            LOG.info("tvm-rammer: %s: operator record not used (%s: %s)", name, type(err).__name__,
+                     str(err).splitlines()[0] if str(err) else "")
+            reused = None
+        self.counts["reused" if reused is not None else "full"] += 1
+        return reused
+
+    def _made(self, name, scheduled, unscheduled, max_versions) -> Reused | None:
+        record = self.profiler.operator_record(self.key(scheduled, unscheduled))
+        if record is None:
+            return None
+        profiler = self.profiler
+        found = needed_versions(record, profiler.has_kernel_record, profiler.measures,
+                                profiler.margin, max_versions)
+        if found is None:
+            return None
+        entries, measurable = found
+        versions = named_versions(name, self.target, [(v["name"], v["source"]) for v in entries],
+                                  scheduled=scheduled, unscheduled=unscheduled)
+        if versions is None or len(self.runnable(versions)) != len(versions):
+            return None
+        for version, entry in zip(versions, entries):
+            if version.key != entry["key"]:
+                return None  # the same name is another kernel now
+            stored = entry.get("predicted_us")  # None: every version counted as measurable
+            fresh = None if stored is None else self.predict(scheduled, version.lowered)
+            if stored is not None and (fresh is None or not math.isclose(fresh, stored, rel_tol=1e-9)):
+                return None  # the analytical times moved: what is measured may differ
+        reference, reference_key = None, record.get("reference_key")
+        if measurable:  # a version may be measured: against TVM's default kernel
+            reference = self.default(unscheduled)
+            if (None if reference is None else func_key(reference)) != reference_key:
+                return None
+        return Reused(versions, reference, reference_key)
+
+    def note(self, name: str, scheduled, unscheduled, versions, reference_key) -> None:
+        """After the full path: the profiler writes ``name``'s record once it has measured (only
+        with a device, and only for an operator whose every version was made)."""
+        if not self.profiler.measures or not versions \
+                or not any(v.name == PIPELINE_VERSION for v in versions):
+            return
+        try:
+            key = self.key(scheduled, unscheduled)
+        except Exception as err:  # pylint: disable=broad-except  (no record: the full path again)
+            LOG.info("tvm-rammer: %s: no operator record (%s)", name, err)
+            return
+        self.profiler.note_operator(name, key, [(v.name, v.source, v.key) for v in versions],
+                                    reference_key)
