@@ -31,6 +31,7 @@ never raises for an operator it does not handle: it returns None.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import tvm
@@ -223,9 +224,14 @@ def _inner_kinds(block):
             last_kind(block.writes[0], "J"))
 
 
-def gemm_form(func: tirx.PrimFunc, pad: tuple = (1, 1, 1)) -> GemmForm | None:
+def gemm_form(func: tirx.PrimFunc, pad: tuple = (1, 1, 1), base: GemmForm | None = None) -> GemmForm | None:
     """``func`` re-indexed to a GEMM, its I/J/K extents padded to multiples of ``pad``; None when the
-    operator is not a single multiply-add reduction with GEMM-shaped accesses."""
+    operator is not a single multiply-add reduction with GEMM-shaped accesses. ``base``: the
+    unpadded form of ``func`` made before (``gemm_form(func)``, or None when it was None): a copy
+    of its schedule is padded instead of re-indexing ``func`` again (the templates ask once per
+    tile configuration)."""
+    if base is not None:
+        return _padded(base, pad)
     if not isinstance(func, tirx.PrimFunc):
         return None
     try:
@@ -263,6 +269,20 @@ def gemm_form(func: tirx.PrimFunc, pad: tuple = (1, 1, 1)) -> GemmForm | None:
     return GemmForm(sch, main, batch, m, n, k, *inner, in_dtype, out_dtype, k_dims)
 
 
+def _padded(form: GemmForm, pad: tuple) -> GemmForm | None:
+    """``form`` with its own copy of the schedule, padded to multiples of ``pad`` as
+    :func:`gemm_form` pads (the original is left as it is)."""
+    sch = form.sch.copy()
+    pm, pn, pk = pad
+    pm = 1 if form.m == 1 else pm
+    if form.m % pm or form.n % pn or form.k % pk:
+        try:
+            sch.pad_einsum(form.main, [1, pm, pn, pk])
+        except Exception:  # pylint: disable=broad-except  (a primitive that fails = does not apply)
+            return None
+    return dataclasses.replace(form, sch=sch)
+
+
 def _fetch_order(sch, block, inner_first: bool):
     """The copy block's two innermost loops (row, col) reordered so that the source-contiguous
     one is innermost: ``inner_first`` means the *first* of them (rows: I or J) is contiguous."""
@@ -275,7 +295,8 @@ def _fetch_order(sch, block, inner_first: bool):
 
 
 def schedule_gemm_tiled(func: tirx.PrimFunc, tile_m: int, tile_n: int, thread_m: int, thread_n: int,
-                        tile_k: int, double_buffer: bool = True) -> tirx.PrimFunc | None:
+                        tile_k: int, double_buffer: bool = True,
+                        form: GemmForm | None = None) -> tirx.PrimFunc | None:
     """Register-blocked shared-memory GEMM (see the module docstring). None when it does not apply:
     not a GEMM, tiles that do not divide into threads, more than :data:`MAX_THREADS` threads, or tiles
     far larger than the operator (more than half of the rTask would be padding)."""
@@ -285,7 +306,7 @@ def schedule_gemm_tiled(func: tirx.PrimFunc, tile_m: int, tile_n: int, thread_m:
     threads = threads_m * threads_n
     if not 32 <= threads <= MAX_THREADS or threads % 32:
         return None
-    form = gemm_form(func, (tile_m, tile_n, tile_k))
+    form = gemm_form(func, (tile_m, tile_n, tile_k), form)
     if form is None or 2 * form.m < tile_m or 2 * form.n < tile_n or form.k < tile_k:
         return None
     try:
@@ -350,13 +371,13 @@ def _tiled(form, tile_m, tile_n, thread_m, thread_n, tile_k, threads_m, threads_
 
 
 def schedule_gemm_small_batch(func: tirx.PrimFunc, vec: int, threads_n: int,
-                              split_k: int) -> tirx.PrimFunc | None:
+                              split_k: int, form: GemmForm | None = None) -> tirx.PrimFunc | None:
     """Dense/matmul with at most :data:`SMALL_BATCH_ROWS` rows: one thread owns all rows of ``vec``
     columns, ``split_k`` threads share the reduction (see the module docstring)."""
     threads = threads_n * split_k
     if not 32 <= threads <= MAX_THREADS or threads % 32:
         return None
-    form = gemm_form(func)
+    form = gemm_form(func, base=form)
     if form is None or form.m > SMALL_BATCH_ROWS or form.batch != 1:
         return None
     if form.n % vec or form.n < vec * threads_n // 2 or form.k < 2 * split_k:

@@ -81,13 +81,14 @@ def _accumulates_f16_in_f32(block) -> bool:
 
 
 def schedule_gemm_mma(func: tirx.PrimFunc, warps_m: int, warps_n: int, frags_m: int, frags_n: int,
-                      tile_k: int) -> tirx.PrimFunc | None:
-    """Tensor-core GEMM (see the module docstring); None when it does not apply."""
+                      tile_k: int, form=None) -> tirx.PrimFunc | None:
+    """Tensor-core GEMM (see the module docstring); None when it does not apply. ``form``: the
+    unpadded ``gemm_form(func)`` when the caller has it (padded on a copy)."""
     threads = warps_m * warps_n * WARP
     if threads > MAX_THREADS or tile_k % FRAGMENT:
         return None
     tile_m, tile_n = warps_m * frags_m * FRAGMENT, warps_n * frags_n * FRAGMENT
-    form = gemm_form(func, (tile_m, tile_n, tile_k))
+    form = gemm_form(func, (tile_m, tile_n, tile_k), form)
     if form is None or form.in_dtype != "float16" or form.out_dtype != "float32":
         return None
     if form.m == 1:
@@ -190,12 +191,17 @@ def _mma(form, warps_m, warps_n, frags_m, frags_n, tile_k, threads):
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def mma_schedules(func: tirx.PrimFunc, target, max_shared_bytes: int | None = None) -> list:
+def mma_schedules(func: tirx.PrimFunc, target, max_shared_bytes: int | None = None,
+                  form=None) -> list:
     """(name, scheduled PrimFunc) of every tensor-core variant that applies to ``func`` on ``target``
     (none for targets older than sm_80 or operators that are not float16 GEMMs), within
     ``max_shared_bytes`` of shared memory per rTask (default: the target's
-    ``max_shared_memory_per_block``, else 48 KB)."""
+    ``max_shared_memory_per_block``, else 48 KB). ``form``: ``gemm_form(func)`` when the caller
+    has it."""
     if not supports_mma(target):
+        return []
+    form = form or gemm_form(func)  # once: most operators are not float16 GEMMs
+    if form is None or form.in_dtype != "float16" or form.out_dtype != "float32":
         return []
     if max_shared_bytes is None:
         max_shared_bytes = int(target.attrs.get("max_shared_memory_per_block", STATIC_SHARED))
@@ -203,7 +209,7 @@ def mma_schedules(func: tirx.PrimFunc, target, max_shared_bytes: int | None = No
     for config in MMA_CONFIGS:
         if shared_bytes(*config) > max_shared_bytes:
             continue
-        scheduled = schedule_gemm_mma(func, *config)
+        scheduled = schedule_gemm_mma(func, *config, form=form)
         if scheduled is not None:
             found.append(("mma_w{}x{}_f{}x{}_k{}".format(*config), scheduled))
     return found

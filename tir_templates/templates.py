@@ -264,13 +264,13 @@ def fast_schedules(func: tirx.PrimFunc, target=None) -> list[Template]:
         if scheduled is not None:
             found.append(Template(name, scheduled))
 
-    for name, scheduled in mma_schedules(func, target):
+    form = gemm_form(func)  # re-indexed once; each tile configuration pads a copy
+    for name, scheduled in mma_schedules(func, target, form=form):
         add(name, scheduled)
-    form = gemm_form(func)
     for p in sorted(_GEMM, key=lambda p: (_padding_waste(form, p[0], p[1]), -p[0] * p[1])):
-        add("gemm_m{}n{}_t{}x{}_k{}".format(*p), schedule_gemm_tiled(func, *p))
+        add("gemm_m{}n{}_t{}x{}_k{}".format(*p), schedule_gemm_tiled(func, *p, form=form))
     for p in _SMALL_BATCH:
-        add("small_batch_v{}_n{}_k{}".format(*p), schedule_gemm_small_batch(func, *p))
+        add("small_batch_v{}_n{}_k{}".format(*p), schedule_gemm_small_batch(func, *p, form=form))
     for p in _DEPTHWISE:
         add("depthwise_h{}w{}_t{}".format(*p), schedule_depthwise_conv2d(func, *p))
     return found
