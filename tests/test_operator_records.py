@@ -190,3 +190,75 @@ def test_a_stale_record_falls_back_to_the_full_path_with_the_same_result(alexnet
     if stale == "kernel_record_gone":
         assert profiler.device.measured, "the version whose record was lost is measured again"
 
+
+
+class FailingDevice(FakeDevice):
+    """FakeDevice whose ``fail(job)`` jobs come back as failed runs (never cached)."""
+
+    def __init__(self, fail, **kw):
+        super().__init__(**kw)
+        self.fail = fail
+
+    def measure_kernels(self, jobs, progress, within_s=None):
+        records = super().measure_kernels(jobs, progress, within_s)
+        return [{"valid": False, "error": None, "reason": "run failed: RuntimeError: illegal address"}
+                if self.fail(j) else r for j, r in zip(jobs, records)]
+
+
+def test_a_failed_measurement_is_not_recorded_and_the_next_compile_makes_and_measures_it(
+        alexnet, tmp_path, monkeypatch):
+    def fail(job):  # every version other than dlight of the convolutions fails to run
+        return "conv2d" in job.label and not job.label.endswith(":dlight")
+
+    path = str(tmp_path / "profiles.json")
+    first = Profiler(open_profile_db(path), FailingDevice(fail, kernel_us=kernel_us), "sm_90a",
+                     margin=MARGIN)
+    inspect_model(alexnet, TARGET, RammerConfig(), first)
+    failed = {label for label in first.device.measured if "conv2d" in label and not label.endswith(":dlight")}
+    assert failed
+    for record in operator_records(path).values():
+        assert not any(f"{record['operator']}:{name}" in failed for name in record["measured"])
+    control_db = str(tmp_path / "control.json")
+    shutil.copy(path, control_db)
+
+    again, profiler = compile_once(alexnet, path)
+    assert failed <= set(profiler.device.measured)  # made again from the record and measured
+    ignoring_records(monkeypatch)
+    full, control = compile_once(alexnet, control_db)
+    assert sorted(profiler.device.measured) == sorted(control.device.measured)
+    assert again == full
+
+
+def _record(measured=("dlight", "b"), **predicted):
+    versions = [{"name": n, "source": "dlight", "key": f"k_{n}", "predicted_us": p}
+                for n, p in {"dlight": 10.0, "a": 11.0, "b": 12.0, "c": 30.0, **predicted}.items()]
+    return {"format": operator_record.FORMAT, "versions": versions, "measured": list(measured)}
+
+
+def _names(found):
+    return None if found is None else ([v["name"] for v in found[0]], found[1])
+
+
+@pytest.mark.parametrize("measures, margin, present, expected", [
+    # without a device: dlight and the versions with records only
+    (False, MARGIN, {"k_dlight", "k_b"}, (["dlight", "b"], False)),
+    # with one: also the close versions decisive_jobs would measure (a: 11 <= 1.25 * 10)
+    (True, MARGIN, {"k_dlight", "k_b"}, (["dlight", "a", "b"], True)),
+    (True, MARGIN, {"k_dlight", "k_a", "k_b"}, (["dlight", "a", "b"], False)),
+    # margin None: every version is measured, so every one without a record is needed
+    (True, None, {"k_dlight", "k_a", "k_b"}, (["dlight", "a", "b", "c"], True)),
+    # a version the record says was measured has lost its kernel record: the full path
+    (True, MARGIN, {"k_dlight"}, None),
+    (False, MARGIN, {"k_b"}, None),
+])
+def test_needed_versions(measures, margin, present, expected):
+    found = operator_record.needed_versions(_record(), lambda key: key in present, measures, margin, 2)
+    assert _names(found) == expected
+
+
+def test_needed_versions_without_predictions_counts_every_version_as_measurable():
+    found = operator_record.needed_versions(_record(c=None), lambda key: key in {"k_dlight", "k_b"},
+                                            True, MARGIN, 2)
+    assert _names(found) == (["dlight", "a", "b", "c"], True)
+    no_dlight = {"format": operator_record.FORMAT, "versions": _record()["versions"][1:], "measured": []}
+    assert operator_record.needed_versions(no_dlight, lambda key: True, True, MARGIN, 2) is None

@@ -48,10 +48,13 @@ LOG = logging.getLogger("tvm_rammer")
 KIND = "operator"
 FORMAT = 1
 PIPELINE_VERSION = "dlight"  # rkernels.PIPELINE_VERSION
-# RammerConfig fields that change neither an operator's versions nor their analytical times
-# (every other field is in the key: a new one costs a miss, never a wrong record)
+# RammerConfig fields that change neither an operator's versions nor their analytical times: the
+# profiler's own, the policy's and the persistent kernel's code (every other field is in the key:
+# a field added later costs a miss, never a wrong record)
 _NOT_IN_KEY = ("profile", "profile_db", "rprogram_profiles", "profile_budget_s", "profile_margin",
-               "timeline", "emulate_versions", "wait_timeout_ms")
+               "emulate_versions", "selection", "merge", "policy", "max_waits_per_op",
+               "check_unmeasured", "block_us", "measure_resources", "timeline", "wait_timeout_ms",
+               "rkernel_functions")
 
 
 def operator_key(unscheduled, scheduled, target, plain, config, vdevice) -> str:
