@@ -55,6 +55,7 @@ from .timings import TIMINGS_ATTR
 from .tuning.measure import KernelJob
 from .tuning.profiler import Profiler, plan_key
 from .tuning.versions import func_key, kernel_versions, unscheduled_funcs
+from .tuning.version_pool import VersionRequest, make_versions_in_pool
 
 __all__ = ["BuiltRProgram", "BackendResult", "build_rprograms", "RammerBackend", "make_profiler"]
 
@@ -185,6 +186,19 @@ class _Candidate:
     unusable: str | None = None  # emulate_versions: why the pipeline's own version cannot be used
 
 
+def _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database) -> dict:
+    """name -> ``version_pool.MadeVersions`` (or the exception making raised) of the pending
+    operators whose every version is made, made in the measuring device's build processes when it
+    lends them (``version_workers``: a host with enough cores); {} otherwise (made in the loop)."""
+    lend = getattr(profiler.device, "version_workers", None)
+    pool, submit = lend() if lend is not None else (None, None)
+    requests = [VersionRequest(name, rk_target, mod[node.gvar], stash[name], reference_target=plain)
+                for name, node, others in pending if others and name in stash]
+    if pool is None or database is not None or len(requests) < 2:
+        return {}
+    return make_versions_in_pool(requests, pool, submit)
+
+
 def _candidates(graph, mod, target, config, profiler, skipped):
     """name -> _Candidate for every distinct placeable PrimFunc; the unplaceable ones go to skipped.
 
@@ -204,7 +218,7 @@ def _candidates(graph, mod, target, config, profiler, skipped):
     if informed and stash and not config.emulate_versions and not config.tuning_db:
         records = OperatorRecords(profiler, target, config,
                                   runnable=lambda vs: _runnable(vs, config.max_rtask_threads))
-    found = {}
+    found, pending = {}, []
     for node in graph.nodes:
         if node.kind == "alias":
             continue
@@ -212,7 +226,7 @@ def _candidates(graph, mod, target, config, profiler, skipped):
             skipped[node.index] = node.reason
             continue
         name = node.gvar.name_hint
-        if name in found:
+        if name in found or any(name == p[0] for p in pending):
             continue
         others = config.versions
         if others and profiler.measures and name in stash and profiler.over_budget():
@@ -223,17 +237,23 @@ def _candidates(graph, mod, target, config, profiler, skipped):
         if reused is not None:
             found[name] = _Candidate(name, node, reused.versions, reused.reference, reused.reference_key)
             continue
+        pending.append((name, node, others))
+    made = _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database)
+    for name, node, others in pending:
         try:
-            versions = kernel_versions(name, rk_target, scheduled=mod[node.gvar],
-                                       unscheduled=stash.get(name) if others else None,
-                                       database=database)
+            here = made.get(name)
+            if isinstance(here, Exception):
+                raise here
+            versions = here.versions if here is not None else kernel_versions(
+                name, rk_target, scheduled=mod[node.gvar],
+                unscheduled=stash.get(name) if others else None, database=database)
         except Exception as err:  # pylint: disable=broad-except  (one operator's failure is its own)
             LOG.info("tvm-rammer: no rKernel version of %s: %s", name, str(err).splitlines()[0])
             versions = []
         versions = _runnable(versions, config.max_rtask_threads)
         found[name] = _Candidate(name, node, versions)
         if versions and informed and name in stash:
-            ref = schedule_like_default(stash[name], plain)
+            ref = here.reference if here is not None else schedule_like_default(stash[name], plain)
             if ref is not None:
                 found[name].reference, found[name].reference_key = ref, func_key(ref)
         if records is not None and others and name in stash:

@@ -65,6 +65,7 @@ FAULT_PAGE_PARAM = "rammer_fault_page"  # codegen.persistent's name of the fault
 # a version may differ from TVM's default kernel by rounding only: float32 at KERNEL_TOLERANCE,
 # half precision at its own (10 mantissa bits for float16, 7 for bfloat16)
 DTYPE_TOLERANCES = {"float16": 1e-2, "bfloat16": 2e-2}
+VERSION_WORKERS_FROM = 4  # build processes from which versions are made in them (version_workers)
 
 
 class BudgetSpent(RuntimeError):
@@ -407,6 +408,16 @@ class CudaDevice:
         if self._builder is None:
             self._builder = _spawn_pool(self._workers)
         return self._builder
+
+    def version_workers(self) -> tuple:
+        """``(pool, submit)`` for making operators' versions in the build processes
+        (``tuning.version_pool``; they are idle until the versions exist to be built), or
+        ``(None, None)`` with fewer than ``VERSION_WORKERS_FROM`` of them: on a small machine the
+        workers' start, the trips and the main process's own share of the cores would take what
+        the parallelism gives."""
+        if self._workers < VERSION_WORKERS_FROM:
+            return None, None
+        return self._build_pool(), _submit
 
     def _run(self, fn, *args, deadline: float | None = None):
         """``fn(*args)`` in the runner process, within ``run_timeout_s`` (and before ``deadline``,
