@@ -122,6 +122,19 @@ class RammerConfig:
         default kernel on the CPU emulator (``tvm_rammer.emulator.versions``; needs g++) and never
         use one that is not valid there (CLI ``--emulate`` on inspect/compile). No times: the
         choice stays measured or TVM's default. Off by default (seconds of g++ per compile).
+    rkernel_functions: build each dispatch entry's rKernel body of a CUDA persistent kernel as its
+        own ``__device__ __noinline__`` function, called from the dispatch loop
+        (``codegen.rkernel_functions``), so that nvcc's optimiser works on one body at a time
+        instead of one function holding all of them. On by default: nvcc --time on the same
+        models' CUDA (this 2-core machine, shared): NVVM (cicc) took 10.6-15.6 s instead of
+        24.0-41.8 s on GoogLeNet's persistent kernel and 5.2-8.0 s instead of 12.8-13.5 s on
+        SqueezeNet's (AlexNet's 11 bodies: the same either way); outputs checked on the CPU
+        emulator (tests/test_rkernel_functions.py). Its runtime cost on a GPU is unmeasured: a
+        call and a return around every rTask, one comparison per call (the thread index's range),
+        and registers allocated body by body across calls (ptxas: 140 registers instead of 186
+        for reduced SqueezeNet's kernel). The pool becomes dynamic shared memory (the same size).
+        The ROCm back end ignores it. False: every body inline in the one kernel function (as
+        before).
     """
 
     max_rtask_threads: int = 256
@@ -156,6 +169,7 @@ class RammerConfig:
     coarsen_below_veus: bool = False
     check_unmeasured: bool = True
     block_us: float = 1.0
+    rkernel_functions: bool = True
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

@@ -22,6 +22,10 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.timeline``).
 * a shared-memory pool larger than 48 KB (tensor-core rTasks with large tiles) is allocated as
   dynamic shared memory ("shared.dyn"): TVM passes its size at launch and opts the kernel in.
+* ``PersistentKernelSpec.rkernel_functions`` (``RammerConfig.rkernel_functions``; CUDA only): each
+  dispatch entry's body is marked here and becomes a ``__device__ __noinline__`` function of its
+  own at the end of the TIR pipeline, called from the dispatch loop (``rkernel_functions``); the
+  pool is then always dynamic shared memory, which each function declares again.
 * faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
   extra words and in the module's fault page (an extra input, ``tvm_rammer.faults``), every vEU
   skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
@@ -63,7 +67,7 @@ from ..rprogram import RProgram
 from ..rtask import BarrierRTask, RTask
 from tir_templates.arena import rebase
 
-from . import cuda_helpers
+from . import cuda_helpers, rkernel_functions
 from .dialect import dialect_for
 from .tir_pipeline import PRELOWERED_ATTR
 
@@ -123,6 +127,7 @@ class PersistentKernelSpec:
     veu_threads: int
     wait_timeout_ns: int = 10_000_000_000  # a barrier-rTask gives up after this long (globaltimer)
     timeline: bool = False  # instrumented build: per-instruction start/end/SM (module docstring)
+    rkernel_functions: bool = True  # each entry's body its own device function (rkernel_functions.py)
 
     def __post_init__(self):
         if not self.entries:
@@ -293,11 +298,12 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     stop = tirx.decl_buffer((1,), INT32, name="rammer_stop", scope="local")
     veu = tirx.Var("veu", INT32)
     tid = tirx.Var("tid", INT32)
+    outline = spec.rkernel_functions and dialect.kind == "cuda"
     pool = None
-    if spec.shared_bytes:
+    if spec.shared_bytes:  # dynamic when outlined: each body's function declares it again
         pool = tirx.decl_buffer((spec.shared_bytes,), "uint8", name="rammer_smem",
-                                scope="shared.dyn" if spec.shared_bytes > STATIC_SHARED_BYTES
-                                else "shared")
+                                scope="shared.dyn" if outline or spec.shared_bytes >
+                                STATIC_SHARED_BYTES else "shared")
 
     pc = tirx.Var("pc", INT32)
     kind, arg_a, arg_b, arg_c = (tirx.Var(n, INT32) for n in ("kind", "arg_a", "arg_b", "arg_c"))
@@ -325,6 +331,8 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
     for k, entry in enumerate(spec.entries):
         rtask = _entry_body(entry, buffers, program, arg_a, arg_c, tid, spec.veu_threads, pool,
                             instantiate)
+        if outline:
+            rtask = rkernel_functions.mark(rtask, k)
         signal = tirx.IfThenElse(_uniform(arg_b > 0), tirx.IfThenElse(tid == 0, tirx.Evaluate(
             dialect.call(cuda_helpers.SIGNAL_NAME, _ptr(state), veu, arg_b,
                                    source_code=cuda_helpers.SIGNAL_SOURCE)), None), None)

@@ -38,6 +38,8 @@ from tvm.tirx import compilation_pipeline
 
 from tir_templates.s_tir_passes import s_tir_passes
 
+from . import rkernel_functions
+
 PRELOWERED_ATTR = "rammer.prelowered"
 _NAME = "s_tir"
 _MARK = "_rammer_prelowered_aware"
@@ -117,7 +119,8 @@ def _aware(original):
         def _run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             if not any(is_prelowered(f) for f in mod.functions.values()):
                 return pipeline(mod)
-            return tvm.transform.Sequential(prelowered_passes())(mod)
+            mod = tvm.transform.Sequential(prelowered_passes())(mod)
+            return rkernel_functions.outline_module(mod)
 
         return _run, finalize_host, finalize_device
 
@@ -126,7 +129,9 @@ def _aware(original):
 
 
 def install() -> None:
-    """Wrap TVM's ``"s_tir"`` TIR pipeline (idempotent; called when ``tvm_rammer`` is imported)."""
+    """Wrap TVM's ``"s_tir"`` TIR pipeline and register the CUDA source post-processing of
+    ``rkernel_functions`` (idempotent; called when ``tvm_rammer`` is imported)."""
+    rkernel_functions.install_postproc()  # __noinline__ on the outlined rKernel bodies
     original = compilation_pipeline.PIPELINE_MAP[_NAME]
     if getattr(original, _MARK, False):
         return
