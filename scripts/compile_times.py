@@ -5,6 +5,7 @@
     python3 scripts/compile_times.py --build --no-build deepspeech2   # tvm.compile's build too
     python3 scripts/compile_times.py --build --nvcc googlenet         # and nvcc of its CUDA source
     python3 scripts/compile_times.py --build --repeat 3 alexnet       # median of three runs
+    python3 scripts/compile_times.py --build --nvcc --no-unmeasured-check --no-rkernel-functions googlenet
 
 Each model is compiled in a fresh Python process, one model at a time (side-by-side jobs would
 distort each other's times): the ONNX model is imported, then lowered by the rammer pipeline
@@ -19,6 +20,15 @@ With ``--repeat N`` each model is timed N times (a fresh process each) and every
 the median of its N samples (all kept in the row). One JSON line per model, then a Markdown table:
 seconds of each pipeline, their ratio, and the three largest steps of the rammer one (the back
 end's own phases in place of the back end as a whole).
+
+``--nvcc`` also keeps nvcc's own phase times (``nvcc --time``: ``cicc``, NVVM's optimiser, and
+``ptxas``) summed over the module's sources, in ``rammer_nvcc_phases`` / ``default_nvcc_phases``:
+on a shared machine these say more than the wall times do when two builds of one source are compared.
+``--no-unmeasured-check`` builds every rProgram the policy makes (``RammerConfig(check_unmeasured=
+False)``): without measured times the check keeps most CNN operators as TVM's default kernels, so
+there is hardly a persistent kernel to compile. ``--rkernel-functions`` / ``--no-rkernel-functions``
+set ``RammerConfig.rkernel_functions`` (each rKernel body its own device function); the row records
+both settings.
 """
 from __future__ import annotations
 
@@ -43,13 +53,37 @@ from tvm_rammer.models import get_model
 from tvm_rammer.timings import PipelineProgress
 
 name, target, build, nvcc = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+options = json.loads(sys.argv[5])  # RammerConfig fields besides profile=False
+config = RammerConfig(profile=False, **options)
+
+
+def nvcc_phases(source):
+    # source compiled as tir_templates.cuda_resources does (nvcc -cubin for sm_90a, ptxas -v), with
+    # --time: {phase (gcc preprocessing, cicc, ptxas, ...): ms}
+    import csv, os, subprocess, tempfile
+    from tir_templates.cuda_resources import find_tool
+    with tempfile.TemporaryDirectory(prefix="compile_times_") as work:
+        src, out, times = (os.path.join(work, n) for n in ("k.cu", "k.cubin", "t.csv"))
+        with open(src, "w") as f:
+            f.write(source)
+        subprocess.run([find_tool("nvcc") or "nvcc", "-cubin", "-arch=sm_90a", "-Xptxas", "-v",
+                        "--time", times, "-o", out, src], check=True, capture_output=True)
+        phases = {}
+        with open(times) as f:
+            for rec in csv.reader(f):
+                if len(rec) >= 8 and rec[-1].strip() == "ms":
+                    phase = rec[1].strip()
+                    phases[phase] = phases.get(phase, 0.0) + float(rec[-2])
+        return phases
+
+
 start = time.perf_counter()
 mod = import_onnx(get_model(name))
 import_s = time.perf_counter() - start
 progress = PipelineProgress()
 start = time.perf_counter()
 with tvm.transform.PassContext(instruments=[progress]):
-    ours = lower(mod, target, RammerConfig(profile=False))
+    ours = lower(mod, target, config)
 rammer_s = time.perf_counter() - start
 start = time.perf_counter()
 theirs = lower_default(mod, target)
@@ -58,7 +92,8 @@ steps = progress.steps + [("  " + p, s) for p, s in progress.phases]
 row = {"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s, 2),
        "default_s": round(default_s, 2), "launches": count_launches(ours),
        "default_launches": count_launches(theirs),
-       "phases": [[n, round(s, 2)] for n, s in steps]}
+       "phases": [[n, round(s, 2)] for n, s in steps],
+       "check_unmeasured": config.check_unmeasured, "rkernel_functions": config.rkernel_functions}
 if build:  # what tvm.compile adds: TIR lowering, CUDA and host codegen (no CUDA compile without a GPU)
     from tvm_rammer.runner import resolve_target
     from tvm_rammer.target import plain_target
@@ -69,22 +104,25 @@ if build:  # what tvm.compile adds: TIR lowering, CUDA and host codegen (no CUDA
         ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
         row[key] = round(time.perf_counter() - start, 2)
         if nvcc:  # what a GPU host adds: the CUDA source compiled (nvcc for sm_90a, as TVM's nvcc mode)
-            from tir_templates.cuda_resources import compile_cuda_resources
             sources = [m.inspect_source() for m in ex.mod.imports[0].imports if m.kind == "cuda"]
             start = time.perf_counter()
+            phases = {}
             for source in sources:
-                compile_cuda_resources(str(source), "sm_90a")
+                for phase, ms in nvcc_phases(str(source)).items():
+                    phases[phase] = phases.get(phase, 0.0) + ms / 1000
             row[key.replace("build", "nvcc")] = round(time.perf_counter() - start, 2)
+            row[key.replace("build_s", "nvcc_phases")] = {p: round(v, 2) for p, v in phases.items()}
 print(json.dumps(row))
 """
 
 
 def measure(name: str, target: str, timeout: float, build: bool = False,
-            nvcc: bool = False) -> dict:
-    """One model in a fresh interpreter; a failure or timeout becomes a row saying so."""
+            nvcc: bool = False, options: dict | None = None) -> dict:
+    """One model in a fresh interpreter; a failure or timeout becomes a row saying so.
+    ``options``: RammerConfig fields for the rammer pipeline (besides ``profile=False``)."""
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, name, target, str(int(build)),
-                               str(int(nvcc))],
+                               str(int(nvcc)), json.dumps(options or {})],
                               capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
     except subprocess.TimeoutExpired:
@@ -123,6 +161,11 @@ def _total(r: dict, system: str) -> float | None:
     return r[f"{system}_s"] + r[f"{system}_build_s"]
 
 
+def _phases(r: dict, system: str) -> str:
+    phases = r.get(f"{system}_nvcc_phases") or {}
+    return f"{phases.get('cicc', 0):.1f} + {phases.get('ptxas', 0):.1f}" if phases else "-"
+
+
 def table(rows: list) -> str:
     """Markdown: one line per model."""
     out = ["| model | rammer s | default s | ratio | with build: rammer s | default s | ratio | "
@@ -142,9 +185,10 @@ def table(rows: list) -> str:
                    f"({r['default_launches']}) | {phases} |")
     timed = [r for r in rows if "rammer_nvcc_s" in r]
     if timed:
-        out += ["", "| model | nvcc of the built CUDA source: rammer s | default s |", "|---|---|---|"]
-        out += [f"| {r['model']} | {r['rammer_nvcc_s']:.1f} | {r['default_nvcc_s']:.1f} |"
-                for r in timed]
+        out += ["", "| model | nvcc of the built CUDA source: rammer s | default s | "
+                "cicc + ptxas: rammer s | default s |", "|---|---|---|---|---|"]
+        out += [f"| {r['model']} | {r['rammer_nvcc_s']:.1f} | {r['default_nvcc_s']:.1f} | "
+                f"{_phases(r, 'rammer')} | {_phases(r, 'default')} |" for r in timed]
     return "\n".join(out)
 
 
@@ -167,14 +211,23 @@ def main() -> None:
     parser.add_argument("--no-build", dest="no_build", nargs="*", default=[],
                         help="models to time without --build (e.g. one whose default build is "
                              "too long to wait for)")
+    parser.add_argument("--no-unmeasured-check", dest="check_unmeasured", action="store_false",
+                        help="RammerConfig(check_unmeasured=False): build every rProgram the policy "
+                             "makes, as a persistent kernel, even without measured times")
+    parser.add_argument("--rkernel-functions", dest="rkernel_functions",
+                        action=argparse.BooleanOptionalAction, default=None,
+                        help="RammerConfig.rkernel_functions (default: the config's default)")
     args = parser.parse_args()
+    options = {} if args.check_unmeasured else {"check_unmeasured": False}
+    if args.rkernel_functions is not None:
+        options["rkernel_functions"] = args.rkernel_functions
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give at least 1")
     rows = []
     for name in args.models:
         build = args.build and name not in args.no_build
         rows.append(median_row([measure(name, args.target, args.timeout, build=build,
-                                        nvcc=build and args.nvcc)
+                                        nvcc=build and args.nvcc, options=options)
                                 for _ in range(args.repeat)]))
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
