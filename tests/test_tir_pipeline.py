@@ -8,6 +8,7 @@ from tvm.tirx import compilation_pipeline
 
 from tir_templates.cuda_resources import find_tool
 from tir_templates.s_tir_passes import s_tir_passes
+from tvm_rammer import RammerConfig
 from tvm_rammer.codegen import tir_pipeline
 from tvm_rammer.frontend import import_onnx, lower
 from tvm_rammer.inspection import lower_default
@@ -43,7 +44,9 @@ def model(request):
 
 @pytest.fixture(scope="module")
 def lowered(model):
-    return lower(model, TARGET)
+    # bodies inline: outlining them into device functions (RammerConfig.rkernel_functions) is a
+    # step of our pipeline TVM's has not (tests/test_rkernel_functions.py); here only the passes
+    return lower(model, TARGET, RammerConfig(rkernel_functions=False))
 
 
 def _split(mod):
