@@ -177,12 +177,12 @@ def test_the_persistent_kernel_makes_a_large_pool_dynamic():
     from tvm_rammer.codegen.persistent import (Binding, DispatchEntry, PersistentKernelSpec, TensorSlot,
                                                build_persistent_func)
 
-    def pool_scope(config):
+    def pool_scope(config, outlined=False):  # outlined bodies: the pool is always dynamic
         kernel = prelower(schedule_gemm_mma(fused16("conv_1x1"), *config), TARGET, "k")
         tensors = tuple(TensorSlot(p.name, tuple(int(d) for d in p.shape), str(p.dtype)) for p in kernel.params)
         spec = PersistentKernelSpec("p", tensors, len(tensors) - 1,
                                     (DispatchEntry(kernel, tuple(Binding(i) for i in range(len(tensors)))),),
-                                    veu_threads=256)
+                                    veu_threads=256, rkernel_functions=outlined)
         func = build_persistent_func(spec, num_veus=2, table_len=16, with_barriers=False, instantiate=instantiate)
         found = []
         tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, lambda n: found.append(n.buffer.scope())
@@ -191,6 +191,7 @@ def test_the_persistent_kernel_makes_a_large_pool_dynamic():
 
     assert pool_scope((2, 2, 4, 4, 32)) == ["shared.dyn"]
     assert pool_scope((2, 2, 2, 2, 32)) == ["shared"]
+    assert pool_scope((2, 2, 2, 2, 32), outlined=True) == ["shared.dyn"]
 
 
 def test_tuning_uses_the_rtask_cap_and_the_float16_model():
