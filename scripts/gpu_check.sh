@@ -23,6 +23,7 @@ cd "$(dirname "$0")/.."
 
 ZOO="alexnet deepspeech2 googlenet inception_v3 lstm_tc nasnet_cifar randwire resnext29 seq2seq squeezenet"
 EPILOGUE="lstm_tc seq2seq"
+RKFUNC="lstm_tc squeezenet"  # RammerConfig.rkernel_functions on/off: unmeasured on a GPU (2026-11-25)
 SANITIZED="branches lstm_tc squeezenet"
 LIMIT="${STAGE_LIMIT_S:-480}"
 
@@ -34,6 +35,9 @@ plan() {
   echo "gpu-tests 8 gpu-tests/<file>.log: the other -m gpu tests, first half of their files (150 s a file)"
   echo "gpu-tests-2 8 gpu-tests-2/<file>.log: the other -m gpu tests, second half of their files"
   echo "gpu-dags 4 gpu-dags/gpu_tests.log: tests/test_gpu.py's 30 random DAGs vs onnxruntime"
+  for m in $RKFUNC; do
+    echo "rkfunc-$m 4 rkfunc-$m/{on,off}.json: $m's persistent kernel with each rKernel body a __noinline__ function (the default) and inline: does the default cost time?"
+  done
   for m in $ZOO; do
     echo "zoo-$m 3 zoo-$m/run.json: $m at full size vs onnxruntime, latency vs TVM's default (no profiling; the profile database read)"
   done
@@ -142,6 +146,15 @@ stage_body() {
       m=${stage#profile-}
       py -m tvm_rammer.cli inspect "$(model_file "$m")" --profile-db "$(profiles_db)" \
         --profile-budget 360 --json > "$dir/inspect.json" 2> "$dir/inspect.err" ;;
+    rkfunc-*)
+      m=${stage#rkfunc-}
+      local f; f=$(model_file "$m"); local rc=0
+      py -m tvm_rammer.cli run "$f" --profile-db "$(profiles_db)" --no-profile \
+        --no-unmeasured-check --no-progress --json > "$dir/on.json" 2> "$dir/on.err" || rc=$?
+      py -m tvm_rammer.cli run "$f" --profile-db "$(profiles_db)" --no-profile \
+        --no-unmeasured-check --no-progress --json --no-rkernel-functions \
+        > "$dir/off.json" 2> "$dir/off.err" || rc=$?
+      return $rc ;;
     epilogue-*)
       m=${stage#epilogue-}
       local f; f=$(model_file "$m"); local rc=0

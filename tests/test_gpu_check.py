@@ -27,7 +27,8 @@ def test_the_plan_has_stages_of_at_most_8_minutes_in_order_of_value():
     assert all(1 <= minutes <= 8 for _, minutes, _ in stages), stages
     assert all(outputs for _, _, outputs in stages)
     first = {kind: min(i for i, n in enumerate(names) if n.startswith(kind))
-             for kind in ("zoo-", "profile-", "epilogue-", "l2", "sanitize-", "stress-")}
+             for kind in ("rkfunc-", "zoo-", "profile-", "epilogue-", "l2", "sanitize-", "stress-")}
+    assert first["rkfunc-"] == 4  # right after the smoke and tests: it decides a default
     assert first["zoo-"] < first["profile-"] < first["epilogue-"] < first["l2"] \
         < first["sanitize-"] < first["stress-"]
 

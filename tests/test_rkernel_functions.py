@@ -177,3 +177,13 @@ def test_bodies_that_cannot_be_outlined_stay_inline(monkeypatch):
     assert 0 < outlined < _entries(build)
     err = _error(get_model("squeezenet", **MODELS["squeezenet"]), emulate(build))
     assert err <= TOL
+
+
+def test_the_cli_turns_the_device_functions_off_and_leaves_them_on_by_default():
+    from tvm_rammer import cli
+
+    parser = cli.build_parser()
+    for command in (["run", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"], ["inspect", "m.onnx"]):
+        assert cli._config(parser.parse_args(command)).rkernel_functions is True
+        off = parser.parse_args(command + ["--no-rkernel-functions"])
+        assert cli._config(off).rkernel_functions is False

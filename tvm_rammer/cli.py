@@ -29,6 +29,7 @@ def _config(args) -> RammerConfig:
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
                         gemv_epilogue=not args.no_gemv_epilogue,
                         check_unmeasured=not args.no_unmeasured_check,
+                        rkernel_functions=not args.no_rkernel_functions,
                         policy=getattr(args, "policy", "rammer"),
                         emulate_versions=getattr(args, "emulate_versions", False))
 
@@ -116,6 +117,10 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--no-unmeasured-check", action="store_true",
                    help="build every rProgram even when nothing is measured and the estimate says "
                         "TVM's default kernels would be faster (RammerConfig.check_unmeasured)")
+    p.add_argument("--no-rkernel-functions", action="store_true",
+                   help="keep every rKernel body inline in the persistent kernel's dispatch loop "
+                        "instead of a __noinline__ device function each (RammerConfig."
+                        "rkernel_functions; the functions halve nvcc's time on large models)")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
     p.add_argument("--timings", action="store_true",
                    help="print the seconds each compilation phase took (to stderr)")
