@@ -77,6 +77,32 @@ def test_kernels_build_in_batches_with_each_kernels_own_resources_and_failures()
                        tvm.target.Target(device._target_spec))
 
 
+@pytest.mark.nvcc
+def test_an_operators_versions_and_its_reference_build_whole_as_one_library():
+    """The batches measure_kernels makes hold an operator's versions with TVM's default kernel for
+    it (kernels made from one PrimFunc, sharing its parameters): such a batch builds whole, one
+    library for all (a fallback to kernel-by-kernel builds would give each its own)."""
+    from test_versions import CASES, stashed_and_scheduled
+    from tir_templates.default_schedule import schedule_like_default
+    from tvm_rammer.target import plain_target
+    from tvm_rammer.tuning.versions import kernel_versions, unscheduled_funcs
+
+    mod, gv = stashed_and_scheduled(*CASES["matmul"])
+    unscheduled = unscheduled_funcs(mod)[gv.name_hint]
+    made = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv], unscheduled=unscheduled)[:3]
+    reference = schedule_like_default(unscheduled, plain_target(TARGET))
+    assert len(made) == 3 and reference is not None
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET, build_workers=1)
+    try:
+        items = device._submit_batch([(reference, False)] + [(v.func, True) for v in made]) \
+            .result(timeout=300)
+    finally:
+        device.close()
+    assert not any("error" in item for item in items)
+    assert len({item["path"] for item in items}) == 1 and len({item["entry"] for item in items}) == 4
+    assert all(item["registers"] > 0 for item in items[1:])
+
+
 @pytest.mark.gpu
 def test_a_version_that_computes_something_else_is_invalid_and_a_right_one_valid():
     gpu = local_gpu()

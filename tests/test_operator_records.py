@@ -262,3 +262,34 @@ def test_needed_versions_without_predictions_counts_every_version_as_measurable(
     assert _names(found) == (["dlight", "a", "b", "c"], True)
     no_dlight = {"format": operator_record.FORMAT, "versions": _record()["versions"][1:], "measured": []}
     assert operator_record.needed_versions(no_dlight, lambda key: True, True, MARGIN, 2) is None
+
+
+def test_a_tensor_core_version_is_made_by_its_name_alone(monkeypatch):
+    """named_versions makes an mma_w... version from its name (schedule_gemm_mma), the same kernel
+    template_schedules made, without making every template (control: template_schedules not called)."""
+    from conftest_tir import TARGET as CUDA
+    from test_tensor_cores import fused16
+    from tir_templates.templates import template_schedules
+
+    func = fused16("matmul")
+    mma = [t for t in template_schedules(func, CUDA) if t.name.startswith("mma_w")]
+    assert mma
+    monkeypatch.setattr(versions, "template_schedules",
+                        lambda *a, **k: pytest.fail("every template made for one name"))
+    (made,) = versions.named_versions("op", CUDA, [(mma[0].name, "template")],
+                                      scheduled=mma[0].func, unscheduled=func)
+    assert made.key == versions.func_key(mma[0].func)
+
+
+def test_the_record_key_follows_the_code_that_makes_versions(monkeypatch):
+    """Another version maker (here: one more line in the templates' source) is another key, so a
+    record written by other code is never read as this code's."""
+    import inspect
+
+    before = operator_record.makers_digest()
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda m: real(m) + (
+        "\n_GEMM += ((16, 16, 2, 2, 8),)\n" if m.__name__ == "tir_templates.templates" else ""))
+    assert operator_record.makers_digest() != before
+    monkeypatch.setattr(inspect, "getsource", real)
+    assert operator_record.makers_digest() == before  # the control: the same code, the same key

@@ -647,3 +647,35 @@ def test_gpu_tests_and_the_stress_run_compile_without_profiling_but_one():
         "test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives"]
     stress = _compile_calls(os.path.join(REPO, "tvm_rammer", "stress.py"))
     assert stress and not any(profiled for _, profiled in stress)
+
+
+@pytest.mark.parametrize("budget_s", [25.0, None])
+def test_making_versions_stops_when_the_budget_runs_out_while_they_are_made(monkeypatch, budget_s):
+    """Each operator's versions take 10 s (a fake clock): with a 25 s budget the third operator's
+    are made and the others keep their dlight version only (named in unmeasured()["versions"]);
+    the control without a budget makes every operator's."""
+    from tvm_rammer import backend
+    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.models import REDUCED, get_model
+
+    clock = fake_device.FakeClock(0.0)
+    made = []
+    real = backend.kernel_versions
+
+    def slow(name, target, **kwargs):
+        if kwargs.get("unscheduled") is not None:
+            made.append(name)
+            clock.advance(10.0)
+        return real(name, target, **kwargs)
+
+    monkeypatch.setattr(backend, "kernel_versions", slow)
+    profiler = Profiler(JsonProfileDB(), FakeDevice(clock=clock), "sm_90a", budget_s=budget_s,
+                        clock=clock, started=0.0)
+    inspect_model(import_onnx(get_model("alexnet", **REDUCED["alexnet"])), "rammer/nvidia-h100",
+                  RammerConfig(), profiler)
+    skipped = profiler.unmeasured()["versions"]
+    if budget_s is None:
+        assert len(made) > 3 and skipped == []
+    else:
+        assert len(made) == 3 and skipped and not set(skipped) & set(made)

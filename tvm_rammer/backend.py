@@ -240,8 +240,12 @@ def _candidates(graph, mod, target, config, profiler, skipped):
         pending.append((name, node, others))
     made = _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database)
     for name, node, others in pending:
+        here = made.get(name)
+        if here is None and others and profiler.measures and name in stash \
+                and profiler.over_budget():  # the budget ran out while earlier ones were made
+            profiler.versions_not_made(name)
+            others = False
         try:
-            here = made.get(name)
             if isinstance(here, Exception):
                 raise here
             versions = here.versions if here is not None else kernel_versions(

@@ -264,10 +264,12 @@ def noinline_source(code: str) -> str:
 def install_postproc() -> None:
     """Register ``tvm_callback_cuda_postproc`` (TVM calls it on the CUDA source of every device
     module it generates) as :func:`noinline_source`, after any callback registered before
-    (idempotent). A source without outlined bodies comes back unchanged."""
-    global _INSTALLED  # pylint: disable=global-statement
+    (idempotent: ours is also registered as ``tvm_rammer.cuda_postproc``, so TVM's registry, not
+    module state, says whether it is installed). A source without outlined bodies comes back
+    unchanged."""
     previous = tvm_ffi.get_global_func(_POSTPROC, allow_missing=True)
-    if previous is not None and _INSTALLED is not None and previous.same_as(_INSTALLED):
+    ours = tvm_ffi.get_global_func(_OURS, allow_missing=True)
+    if previous is not None and ours is not None and previous.same_as(ours):
         return
 
     def postproc(code, target):
@@ -276,7 +278,7 @@ def install_postproc() -> None:
         return noinline_source(str(code))
 
     tvm_ffi.register_global_func(_POSTPROC, postproc, override=True)
-    _INSTALLED = tvm_ffi.get_global_func(_POSTPROC)
+    tvm_ffi.register_global_func(_OURS, tvm_ffi.get_global_func(_POSTPROC), override=True)
 
 
-_INSTALLED = None
+_OURS = "tvm_rammer.cuda_postproc"

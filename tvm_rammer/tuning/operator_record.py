@@ -6,7 +6,8 @@ templates, each scheduled and prelowered) only to look their records up was most
 fully cached compile (squeezenet: 15 of 16 s). A compile that measures (a device) writes, per
 operator, one record of kind "operator" (``profile_db``), keyed by :func:`operator_key`
 (the operator's unscheduled and pipeline-scheduled PrimFuncs, the rKernel target, every option
-that changes versions or their analytical times, the vDevice, TVM's version), holding:
+that changes versions or their analytical times, the vDevice, TVM's version, tvm-rammer's version
+and the source of the modules that make versions: :func:`makers_digest`), holding:
 
 - ``versions``: every version the full path made, in order: name, source, ``func_key`` and the
   analytical time the profiler's choice of what to measure used (``predicted_us``);
@@ -57,12 +58,34 @@ _NOT_IN_KEY = ("profile", "profile_db", "rprogram_profiles", "profile_budget_s",
                "rkernel_functions")
 
 
-def operator_key(unscheduled, scheduled, target, plain, config, vdevice) -> str:
+# the modules whose code decides which versions an operator has (their names, tile tables, order,
+# de-duplication): a record written by other code is another key (a miss, never a stale choice)
+_MAKERS = ("tvm_rammer.tuning.versions", "tir_templates.templates", "tir_templates.gemm_templates",
+           "tir_templates.mma_templates", "tir_templates.conv_templates", "tir_templates.prelower",
+           "tir_templates.default_schedule")
+
+
+def makers_digest() -> str:
+    """16 hex digits of a hash of the source of the modules in ``_MAKERS`` and tvm-rammer's
+    version: the version makers a record was written by."""
+    import importlib
+    import inspect
+
+    from ..version import __version__
+
+    digest = hashlib.sha1(__version__.encode())
+    for name in _MAKERS:
+        digest.update(inspect.getsource(importlib.import_module(name)).encode())
+    return digest.hexdigest()[:16]
+
+
+def operator_key(unscheduled, scheduled, target, plain, config, vdevice, makers: str = "") -> str:
     """The key of an operator's record: 16 hex digits of a hash of everything its versions and
-    their analytical times depend on (see the module docstring)."""
+    their analytical times depend on (see the module docstring); ``makers``: :func:`makers_digest`."""
     options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                if f.name not in _NOT_IN_KEY}
-    doc = {"format": FORMAT, "tvm": tvm.__version__, "unscheduled": func_key(unscheduled),
+    doc = {"format": FORMAT, "tvm": tvm.__version__, "makers": makers,
+           "unscheduled": func_key(unscheduled),
            "scheduled": func_key(scheduled), "target": str(target), "plain": str(plain),
            "config": options, "vdevice": repr(vdevice)}
     blob = json.dumps(doc, sort_keys=True, default=repr)
@@ -124,6 +147,7 @@ class OperatorRecords:
         self.profiler, self.config, self.runnable = profiler, config, runnable
         self.target, self.plain = rkernel_target(target, config), plain_target(target)
         self.vdevice = vdevice_for(target, config)
+        self.makers = makers_digest()
         self.counts = {"reused": 0, "full": 0}
 
     def predict(self, scheduled, lowered) -> float | None:
@@ -144,7 +168,8 @@ class OperatorRecords:
         return schedule_like_default(unscheduled, self.plain)
 
     def key(self, scheduled, unscheduled) -> str:
-        return operator_key(unscheduled, scheduled, self.target, self.plain, self.config, self.vdevice)
+        return operator_key(unscheduled, scheduled, self.target, self.plain, self.config, self.vdevice,
+                            self.makers)
 
     def made(self, name: str, scheduled, unscheduled) -> Reused | None:
         """The operator's needed versions made from its record (see the module docstring), or

@@ -227,6 +227,7 @@ _TEMPLATE_NAMES = (  # a template version's name -> (module, function) that make
     (r"small_batch_v(\d+)_n(\d+)_k(\d+)", "tir_templates.gemm_templates",
      "schedule_gemm_small_batch"),
     (r"depthwise_h(\d+)w(\d+)_t(\d+)", "tir_templates.conv_templates", "schedule_depthwise_conv2d"),
+    (r"mma_w(\d+)x(\d+)_f(\d+)x(\d+)_k(\d+)", "tir_templates.mma_templates", "schedule_gemm_mma"),
 )
 
 
