@@ -187,16 +187,18 @@ class _Candidate:
 
 
 def _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database) -> dict:
-    """name -> ``version_pool.MadeVersions`` (or the exception making raised) of the pending
-    operators whose every version is made, made in the measuring device's build processes when it
-    lends them (``version_workers``: a host with enough cores); {} otherwise (made in the loop)."""
+    """name -> ``version_pool.MadeVersions`` of the pending operators whose every version is made,
+    made in the measuring device's build processes when it lends them (``version_workers``: a host
+    with enough cores) within the profiling budget; the operators left out are made in the loop,
+    in process, under the budget as without workers."""
     lend = getattr(profiler.device, "version_workers", None)
     pool, submit = lend() if lend is not None else (None, None)
     requests = [VersionRequest(name, rk_target, mod[node.gvar], stash[name], reference_target=plain)
                 for name, node, others in pending if others and name in stash]
     if pool is None or database is not None or len(requests) < 2:
         return {}
-    return make_versions_in_pool(requests, pool, submit)
+    left = profiler.remaining_s()  # None: no budget, and then a hung worker waits 10 minutes
+    return make_versions_in_pool(requests, pool, submit, within_s=600.0 if left is None else left)
 
 
 def _candidates(graph, mod, target, config, profiler, skipped):
@@ -246,8 +248,6 @@ def _candidates(graph, mod, target, config, profiler, skipped):
             profiler.versions_not_made(name)
             others = False
         try:
-            if isinstance(here, Exception):
-                raise here
             versions = here.versions if here is not None else kernel_versions(
                 name, rk_target, scheduled=mod[node.gvar],
                 unscheduled=stash.get(name) if others else None, database=database)

@@ -8,9 +8,9 @@ when it has them: a GPU host has 16 cores) and hands back the same :class:`~.ver
 objects the main process would have made.
 
 In: :class:`VersionRequest` per operator (its pipeline schedule, its unscheduled PrimFunc, the
-rKernel target, whether TVM's default kernel is wanted as the reference). Out: per operator a
-:class:`MadeVersions` (the versions, the reference or None), or the exception that making raised,
-which the caller handles as it would have in process. Each worker's answer is one ``save_json`` of
+rKernel target, whether TVM's default kernel is wanted as the reference). Out: per operator that a
+worker made in time, a :class:`MadeVersions` (the versions, the reference or None); the caller
+makes the others itself, as it would without workers. Each worker's answer is one ``save_json`` of
 all the TIR objects of an operator, so the variables a lowered body shares with its parameters and
 thread bindings stay shared after the trip; structural hashes (``func_key``) are unchanged.
 """
@@ -118,35 +118,30 @@ def _unpack(answer: dict) -> MadeVersions:
     return MadeVersions(versions, ref, answer["reference_key"])
 
 
-def make_versions_in_pool(requests: list, pool: cf.Executor | None, submit=None,
-                          timeout_s: float = 600.0) -> dict:
-    """name -> :class:`MadeVersions` (or the exception making it raised) for every request.
-
-    ``pool``: worker processes (None: every request made here, in order); ``submit(pool, fn,
+def make_versions_in_pool(requests: list, pool: cf.Executor, submit=None,
+                          within_s: float | None = 600.0) -> dict:
+    """name -> :class:`MadeVersions` of every request a worker made within ``within_s`` seconds
+    (None: no limit) of the call; the others are left out, for the caller to make in its own
+    process as it would without workers (a request that raised in its worker, one not submitted
+    because the pool broke, an answer past the deadline or one that does not load), so the pool
+    can only make a compile faster, never change its result or its errors. ``submit(pool, fn,
     *args)`` submits (default ``pool.submit``; the measuring device passes its own, which starts
-    workers with a clean ``__main__``). A request whose worker fails in any way (its making
-    raised, the pool broke, the answer timed out or does not load) is made again here, so the
-    pool can only make a compile faster, never change its result or its errors."""
-    found: dict = {}
-    futures = {}
-    if pool is not None and len(requests) > 1:
-        submit = submit or (lambda p, fn, *args: p.submit(fn, *args))
-        for request in requests:
-            try:
-                futures[request.name] = submit(pool, _worker, *_pack_request(request))
-            except Exception:  # pylint: disable=broad-except  (not submitted: made here below)
-                break
-    for request in requests:
-        future = futures.get(request.name)
-        if future is not None:
-            try:
-                found[request.name] = _unpack(future.result(timeout=timeout_s))
-                continue
-            except Exception:  # pylint: disable=broad-except  (made here: the same answer or error)
-                pass
-        try:
-            found[request.name] = make_versions(request)
-        except Exception as err:  # pylint: disable=broad-except  (handled by the caller)
-            found[request.name] = err
-    return found
+    workers with a clean ``__main__``)."""
+    import time
 
+    deadline = None if within_s is None else time.monotonic() + within_s
+    submit = submit or (lambda p, fn, *args: p.submit(fn, *args))
+    futures = {}
+    for request in requests:
+        try:
+            futures[request.name] = submit(pool, _worker, *_pack_request(request))
+        except Exception:  # pylint: disable=broad-except  (not submitted: the caller makes it)
+            break
+    found: dict = {}
+    for name, future in futures.items():
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            found[name] = _unpack(future.result(timeout=left))
+        except Exception:  # pylint: disable=broad-except  (left out: the caller makes it)
+            future.cancel()
+    return found
