@@ -46,25 +46,45 @@ def _unprintable_kernel(a: T.Buffer((64,), "float32")):
             a[v] = T.call_llvm_pure_intrin("float32", "llvm.sqrt.f32", T.uint32(1), a[v])
 
 
+def _recording(device, monkeypatch) -> dict:
+    """Record every build job ``device`` submits: ``{"batch": [funcs...], "single": [func]}``."""
+    jobs: dict = {"batch": [], "single": []}
+    submit_batch, submit_build = device._submit_batch, device._submit_build
+    monkeypatch.setattr(device, "_submit_batch", lambda chunk: jobs["batch"].append(
+        [f for f, _ in chunk]) or submit_batch(chunk))
+    monkeypatch.setattr(device, "_submit_build", lambda func, res: jobs["single"].append(func)
+                        or submit_build(func, res))
+    return jobs
+
+
 @pytest.mark.nvcc
-def test_kernels_build_in_batches_with_each_kernels_own_resources_and_failures():
+def test_kernels_build_in_batches_with_each_kernels_own_resources_and_failures(monkeypatch):
     """measure_kernels' builds: one library, link and nvcc per batch; each kernel keeps its own
     entry, registers and shared memory (the same as built alone), and a kernel that does not build
-    (:func:`_unprintable_kernel`) fails alone while its batch's others still build."""
+    (:func:`_unprintable_kernel`) fails alone: its batch's others are then built each as a job of
+    its own, and the other batch is built whole."""
     kernels = [scheduled_kernel(m) for m in ("matmul", "gemv", "add")]
     broken = _unprintable_kernel
     device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET, build_workers=1,
                         batch_size=4)
     try:
+        alone = [device._submit_build(k, True).result(timeout=300) for k in kernels[:2]]
+        jobs = _recording(device, monkeypatch)
         members = device._submit_batches([(kernels[0], True), (broken, True), (kernels[1], True),
                                           (kernels[2], False)])
-        assert device.batches == 2 and device._count == 4  # at least two batches per process
-        alone = [device._submit_build(k, True).result(timeout=300) for k in kernels[:2]]
-        good = [members[i].result(timeout=300) for i in (0, 2, 3)]
-        with pytest.raises(RuntimeError):
-            members[1].result(timeout=300)
+        assert device.batches == 4 and device._count == 6  # at least two batches per process
+        good = [device._build_result(members[i]) for i in (0, 2, 3)]
+        with pytest.raises(Exception) as failed:
+            device._build_result(members[1])
     finally:
         device.close()
+    # the failing batch [matmul, broken]: each of its kernels rebuilt as a job of its own
+    assert [[k.same_as(f) for f in b] for k, b in zip((kernels[0], kernels[1]), jobs["batch"])] \
+        == [[True, False], [True, False]]
+    assert len(jobs["single"]) == 2 and jobs["single"][0].same_as(kernels[0]) \
+        and jobs["single"][1].same_as(broken)
+    assert "llvm" in str(failed.value) and "timed out" not in str(failed.value)  # its own error
+    assert good[0]["path"] != good[1]["path"] == good[2]["path"]  # alone; the whole other batch
     assert len({(g["path"], g["entry"]) for g in good}) == 3
     for built, single in zip(good[:2], alone):
         assert built["registers"] == single["registers"] > 0
@@ -75,6 +95,167 @@ def test_kernels_build_in_batches_with_each_kernels_own_resources_and_failures()
         tvm.tirx.build(tvm.IRModule({"a": kernels[0].with_attr("global_symbol", "a"),
                                      "b": broken.with_attr("global_symbol", "b")}),
                        tvm.target.Target(device._target_spec))
+
+
+def _fake_build_device(monkeypatch, build_timeout_s: float):
+    """A CudaDevice whose build processes run :mod:`fake_builds` (no TVM, no nvcc), started."""
+    import fake_builds
+
+    from tvm_rammer.tuning import measure
+
+    monkeypatch.setattr(measure, "_build_worker", fake_builds.build)
+    monkeypatch.setattr(measure, "_batch_build_worker", fake_builds.batch_build)
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET, build_workers=1,
+                        build_timeout_s=build_timeout_s)
+    measure._submit(device._build_pool(), fake_builds.ready).result(timeout=120)
+    return device
+
+
+@pytest.mark.parametrize("hang", [True, False])
+def test_a_kernel_that_hangs_its_batchs_build_times_out_alone(monkeypatch, hang):
+    """A batch whose build hangs times out; its kernels are then built each as a job of its own
+    with its own timeout: only the hanging one times out. The batch killed with the build
+    processes is submitted again, whole. The control (no hang): every kernel from its batch."""
+    import fake_builds
+
+    kernels = [scheduled_kernel(m) for m in ("matmul", "gemv", "add")]
+    if hang:
+        kernels[1] = kernels[1].with_attr(fake_builds.HANG, 1)
+    device = _fake_build_device(monkeypatch, build_timeout_s=10.0)
+    try:
+        jobs = _recording(device, monkeypatch)
+        members = device._submit_batches([(k, True) for k in kernels])
+        first = device._build_result(members[0])
+        if hang:
+            with pytest.raises(RuntimeError, match="timed out"):
+                device._build_result(members[1])
+        else:
+            assert device._build_result(members[1])["path"] == first["path"]
+        last = device._build_result(members[2])
+    finally:
+        device.close()
+    assert len(jobs["batch"]) == (3 if hang else 2)
+    assert [[f.same_as(k) for f, k in zip(b, kernels)] for b in jobs["batch"][:2]] == [[True, True], [False]]
+    if hang:
+        assert jobs["batch"][2][0].same_as(kernels[2])  # killed with the hung batch: again, whole
+        assert [f.same_as(k) for f, k in zip(jobs["single"], kernels)] == [True, True]
+        assert os.path.basename(first["path"]).startswith("k")  # built alone: its own library
+    else:
+        assert jobs["single"] == []
+        assert os.path.basename(first["path"]).startswith("b")
+    assert last["path"] != first["path"] and os.path.basename(last["path"]).startswith("b")
+
+
+def test_a_failed_batch_past_the_deadline_builds_nothing_alone(monkeypatch):
+    """A batch whose build failed, seen past the profiling deadline: BudgetSpent, and none of its
+    kernels is submitted alone; the control: before the deadline each one is."""
+    import concurrent.futures as cf
+    import time
+
+    from tvm_rammer.tuning.measure import BudgetSpent
+
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET, build_workers=1)
+    singles = []
+
+    def failed_batch(chunk):
+        failed: cf.Future = cf.Future()
+        failed.set_exception(RuntimeError("the batch does not build"))
+        return failed
+
+    def built(func, resources):
+        singles.append(func)
+        done: cf.Future = cf.Future()
+        done.set_result({"path": f"k{len(singles)}", "entry": "e"})
+        return done
+
+    monkeypatch.setattr(device, "_submit_batch", failed_batch)
+    monkeypatch.setattr(device, "_submit_build", built)
+    try:
+        funcs = [(f"f{i}", True) for i in range(4)]  # two batches of two
+        late = device._submit_batches(funcs)
+        with pytest.raises(BudgetSpent):
+            device._build_result(late[0], deadline=time.monotonic() - 1.0)
+        assert singles == []
+        members = device._submit_batches(funcs)
+        assert [device._build_result(m, deadline=time.monotonic() + 600.0)["path"]
+                for m in members] == ["k1", "k2", "k3", "k4"]
+    finally:
+        device.close()
+    assert singles == ["f0", "f1", "f2", "f3"]
+
+
+def test_each_operators_reference_is_built_with_its_versions(monkeypatch):
+    """measure_kernels' batches: operator A's reference comes right before A's versions (in their
+    batch), then B's reference and versions; each version runs against its own reference."""
+    import concurrent.futures as cf
+
+    from tvm_rammer.tuning import measure
+
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET, build_workers=1,
+                        batch_size=4)
+    chunks, runs = [], []
+
+    def submit_batch(chunk):
+        chunks.append([f for f, _ in chunk])
+        done: cf.Future = cf.Future()
+        done.set_result([{"path": f"b{len(chunks)}", "entry": i} for i in range(len(chunk))])
+        return done
+
+    monkeypatch.setattr(device, "_submit_batch", submit_batch)
+    monkeypatch.setattr(device, "_run", lambda fn, payload, deadline=None: runs.append(payload)
+                        or {"valid": True, "error": 0.0, "kernel_us": 1.0})
+    monkeypatch.setattr(measure, "param_specs", lambda func: [])
+    jobs = [KernelJob(f"{op}{i}", f"{op}:{i}", f"{op}{i}", f"ref{op}", f"ref{op}", 1, operator=op)
+            for op, n in (("A", 3), ("B", 2)) for i in range(n)]
+    try:
+        records = device.measure_kernels(jobs, lambda n: None)
+    finally:
+        device.close()
+    assert chunks == [["refA", "A0", "A1", "A2"], ["refB", "B0", "B1"]]
+    assert all(r["valid"] for r in records)
+    assert [(r["path"], r["entry"], r["ref_path"], r["ref_entry"]) for r in runs] == \
+        [("b1", 1, "b1", 0), ("b1", 2, "b1", 0), ("b1", 3, "b1", 0), ("b2", 1, "b2", 0),
+         ("b2", 2, "b2", 0)]
+    # the control: with every reference first (as before), A's first version waits for B's reference
+    old = sorted({j.reference_key for j in jobs}) + [j.func for j in jobs]
+    assert [old[:4], old[4:]] != chunks
+
+
+@pytest.mark.nvcc
+def test_a_batch_whose_nvcc_fails_compiles_each_kernels_resources_alone(monkeypatch, tmp_path):
+    """The batch's one ``nvcc -Xptxas -v`` fails: each kernel's resources are compiled on its own
+    (the same numbers as the one nvcc gives), and a kernel whose own compile fails has its own
+    resources_error while the others keep their numbers."""
+    from tir_templates import cuda_resources
+    from tvm_rammer.tuning import measure
+
+    names = ["rammer_measured_0000", "rammer_measured_0001", "rammer_measured_0002"]
+    kernels = [scheduled_kernel(m) for m in ("matmul", "gemv", "add")]
+    mod = tvm.IRModule({n: k.with_attr("global_symbol", n) for n, k in zip(names, kernels)})
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET)
+    device.close()
+
+    def batch(name):
+        return measure._batch_build_worker(tvm.ir.save_json(mod), device._target_spec,
+                                           str(tmp_path / name), names[:2])
+
+    whole = batch("whole.so")  # the control: one nvcc for the batch
+
+    def fails(*args):
+        raise cuda_resources.CudaCompileError("nvcc failed (1)")
+
+    monkeypatch.setattr(cuda_resources, "compile_cuda_resources_per_kernel", fails)
+    each = batch("each.so")
+    compile_one = cuda_resources.compile_cuda_resources
+    monkeypatch.setattr(cuda_resources, "compile_cuda_resources", lambda source, arch: fails()
+                        if names[1] in source else compile_one(source, arch))
+    one_fails = batch("one_fails.so")
+    for got in (whole, each):
+        assert [g["registers"] > 0 for g in got[:2]] == [True, True] and "registers" not in got[2]
+    assert [(e["registers"], e["shared_bytes"], e["spills"]) for e in each[:2]] == \
+        [(w["registers"], w["shared_bytes"], w["spills"]) for w in whole[:2]]
+    assert one_fails[0]["registers"] == whole[0]["registers"] and "resources_error" not in one_fails[0]
+    assert "nvcc failed" in one_fails[1]["resources_error"] and "registers" not in one_fails[1]
 
 
 @pytest.mark.nvcc

@@ -24,6 +24,10 @@ Nothing here waits without a deadline, and no failure is left to poison what fol
   in flight are abandoned (their processes killed), and the jobs not measured come back as None
   (:meth:`~MeasureDevice.measure_kernels`) or :class:`BudgetSpent` is raised
   (:meth:`~MeasureDevice.time_kernel`): not measured is not a failure;
+- a batch of kernels whose build fails or times out costs no kernel but the one at fault: each
+  kernel of the batch is then built as a job of its own, with its own ``build_timeout_s``; a build
+  whose processes were killed for another build's timeout is submitted once more; when a batch's
+  one nvcc run fails, each kernel's resources are compiled alone (its own numbers or its own error);
 - any failure of a job in the runner (an exception, an illegal address that leaves the CUDA
   context dead, a crash, a timeout) restarts the runner, so the next job gets a fresh context;
 - a persistent kernel timed by :meth:`~CudaDevice.time_kernel` gets an empty fault page
@@ -139,12 +143,14 @@ def param_specs(func: tirx.PrimFunc) -> list:
 # --- worker side (separate processes; plain data in and out) -------------------------------------
 
 def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool) -> dict:
-    """Build ``mod_json`` (a TIR IRModule) for the target and export it to ``path``."""
+    """Build ``mod_json`` (a TIR IRModule of one kernel, :data:`ENTRY`) for the target and export
+    it to ``path``: ``{"path", "entry"}`` and, with ``resources``, its registers, shared bytes and
+    spills (or ``resources_error``)."""
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json(mod_json)
     lib = tvm.tirx.build(mod, target)
     lib.export_library(path)
-    info = {"path": path}
+    info = {"path": path, "entry": ENTRY}
     if resources:
         from tir_templates.cuda_resources import compile_cuda_resources
 
@@ -161,33 +167,32 @@ def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool) 
 def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: list) -> list:
     """Build the kernels of ``mod_json`` (entry name -> PrimFunc) into one library at ``path``:
     one TVM build, one link and, for the entries in ``resources``, one ``nvcc -Xptxas -v`` for all.
-    One item per entry (in sorted name order): ``{"path", "entry", registers...}``, or
-    ``{"error": ...}`` for an entry that does not build alone when the whole batch failed (each
-    is then built on its own, so one bad version costs only itself)."""
+    One item per entry (in sorted name order): ``{"path", "entry", registers...}``. A batch that
+    does not build raises: the host then builds each of its kernels as its own job
+    (:meth:`CudaDevice._member_result`). When the one nvcc run fails, each kernel's resources are
+    compiled on its own (:func:`_own_resources`): each keeps its resources or its own error."""
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json(mod_json)
     names = sorted(gv.name_hint for gv in mod.get_global_vars())
-    try:
-        lib = tvm.tirx.build(mod, target)
-        lib.export_library(path)
-    except Exception:  # pylint: disable=broad-except  (some entry does not build: each alone)
-        return [_alone(mod, name, target_spec, f"{path[:-3]}_{i}.so", name in resources)
-                for i, name in enumerate(names)]
+    lib = tvm.tirx.build(mod, target)
+    lib.export_library(path)
     items = [{"path": path, "entry": name} for name in names]
     if resources:
-        from tir_templates.cuda_resources import compile_cuda_resources_per_kernel
+        from tir_templates import cuda_resources
 
         from ..resources import module_cuda_source
         from ..target import target_arch
 
         try:
-            found = compile_cuda_resources_per_kernel(module_cuda_source(lib), target_arch(target))
-        except Exception as err:  # pylint: disable=broad-except  (resources are optional)
-            found, why = {}, str(err).splitlines()[0] if str(err) else type(err).__name__
-        else:
-            why = None
+            found = cuda_resources.compile_cuda_resources_per_kernel(module_cuda_source(lib),
+                                                                     target_arch(target))
+        except Exception:  # pylint: disable=broad-except  (one kernel's nvcc error: each alone)
+            found = None
         for item in items:
             if item["entry"] not in resources:
+                continue
+            if found is None:
+                item.update(_own_resources(mod, item["entry"], target))
                 continue
             mine = [r for k, r in found.items() if k == item["entry"] or k.startswith(item["entry"] + "_kernel")]
             if mine:
@@ -195,17 +200,24 @@ def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: 
                             shared_bytes=max(r["shared_bytes"] for r in mine),
                             spills=sum(r["spills"] for r in mine))
             else:
-                item["resources_error"] = why or "no ptxas line for this kernel"
+                item["resources_error"] = "no ptxas line for this kernel"
     return items
 
 
-def _alone(mod, name: str, target_spec: dict, path: str, resources: bool) -> dict:
-    """One entry of a failed batch built on its own: its info, or ``{"error": ...}``."""
+def _own_resources(mod, name: str, target) -> dict:
+    """Entry ``name`` of ``mod`` compiled alone (CUDA codegen and nvcc, no link): its registers,
+    shared bytes and spills, or ``{"resources_error": ...}``."""
+    from tir_templates import cuda_resources
+
+    from ..resources import module_cuda_source
+    from ..target import target_arch
+
     try:
-        single = tvm.IRModule({ENTRY: mod[name].with_attr("global_symbol", ENTRY)})
-        return {**_build_worker(tvm.ir.save_json(single), target_spec, path, resources), "entry": ENTRY}
-    except Exception as err:  # pylint: disable=broad-except  (its own failure, reported per entry)
-        return {"error": _first_line(err)}
+        lib = tvm.tirx.build(tvm.IRModule({name: mod[name]}), target)
+        found = cuda_resources.compile_cuda_resources(module_cuda_source(lib), target_arch(target))
+    except Exception as err:  # pylint: disable=broad-except  (resources are optional)
+        return {"resources_error": str(err).splitlines()[0] if str(err) else type(err).__name__}
+    return {k: found[k] for k in ("registers", "shared_bytes", "spills")}
 
 
 _LOADED: dict = {}
@@ -343,22 +355,38 @@ def _kill(pool: cf.ProcessPoolExecutor | None) -> None:
         proc.join(timeout=5)
 
 
+class _Job:
+    """A build job the host waits for: its ``future`` and how to ``submit`` it again. A job whose
+    processes were lost (its pool killed for another job's timeout, or broken) is submitted once
+    more (:meth:`CudaDevice._wait_job`): that loss is not its own failure."""
+
+    def __init__(self, submit: Callable[[], cf.Future]):
+        self.submit = submit
+        self.future = submit()
+        self.resubmitted = False
+
+
+class _Batch:
+    """A batch of ``(func, resources)`` kernels (:meth:`CudaDevice._submit_batches`): its ``job``
+    (one build of all) and, once that failed, ``alone``: one job per kernel."""
+
+    def __init__(self, chunk: Sequence[tuple], job: _Job):
+        self.chunk, self.job = list(chunk), job
+        self.alone: list | None = None
+
+
 class _Member:
-    """The build of one kernel of a batch (:meth:`CudaDevice._submit_batches`), seen as a future:
-    ``done()`` and ``result(timeout)`` of the batch, narrowed to item ``index``; an item that
-    did not build raises its own error."""
+    """The build of kernel ``index`` of a :class:`_Batch`, as :meth:`CudaDevice._build_result`
+    waits for it: its item of the batch's build or, when the batch failed, its own build."""
 
-    def __init__(self, batch: cf.Future, index: int):
-        self._batch, self._index = batch, index
+    def __init__(self, batch: _Batch, index: int):
+        self.batch, self.index = batch, index
 
-    def done(self) -> bool:
-        return self._batch.done()
 
-    def result(self, timeout: float | None = None) -> dict:
-        item = self._batch.result(timeout=timeout)[self._index]
-        if "error" in item:
-            raise RuntimeError(item["error"])
-        return item
+def _lost(err: BaseException) -> bool:
+    """Whether a build ended because its processes were lost (cancelled, or its pool broken)
+    rather than by its own failure."""
+    return isinstance(err, (cf.CancelledError, BrokenProcessPool))
 
 
 def _first_line(err: BaseException) -> str:
@@ -381,7 +409,8 @@ class CudaDevice:
         reference checked and timed, or a persistent kernel's warm-up and timing); past it the job
         is a failure and its worker is killed.
     batch_size: the most kernels of :meth:`measure_kernels` built together (one TVM build, one
-        link and one nvcc run per batch; a batch that fails is rebuilt kernel by kernel).
+        link and one nvcc run per batch; the kernels of a batch that fails or times out are then
+        built each as a job of its own).
     """
 
     def __init__(self, gpu: LocalGPU, target: tvm.target.Target, build_workers: int | None = None,
@@ -448,10 +477,18 @@ class CudaDevice:
         _kill(self._runner)
         self._runner = None
 
-    def _build_result(self, future, deadline: float | None = None) -> dict:
-        """A build's result within ``build_timeout_s`` (and before ``deadline``); past it the build
-        pool is killed (the next build starts a new one) and RuntimeError raised (BudgetSpent past
-        ``deadline``: every build in flight is abandoned)."""
+    def _build_result(self, build, deadline: float | None = None) -> dict:
+        """A build's result (a future, or a :class:`_Member` of a batch) within ``build_timeout_s``
+        (and before ``deadline``); past it the build pool is killed (the next build starts a new
+        one) and RuntimeError raised (BudgetSpent past ``deadline``: every build in flight is
+        abandoned)."""
+        if isinstance(build, _Member):
+            return self._member_result(build, deadline)
+        return self._wait(build, deadline)
+
+    def _wait(self, future, deadline: float | None = None):
+        """``future``'s result within ``build_timeout_s`` and before ``deadline`` (see
+        :meth:`_build_result`)."""
         if future.done():  # built already: its result (or its error), the budget aside
             return future.result()
         try:
@@ -465,6 +502,39 @@ class CudaDevice:
                                   "killed)") from None
             raise RuntimeError(f"timed out: the build took more than {self.build_timeout_s:g} s "
                                "(build processes killed)") from None
+
+    def _wait_job(self, job: _Job, deadline: float | None = None):
+        """:meth:`_wait` on ``job``; a job whose processes were lost (another build's timeout
+        killed them) is submitted once more, unless past ``deadline`` (BudgetSpent)."""
+        try:
+            return self._wait(job.future, deadline)
+        except Exception as err:  # pylint: disable=broad-except
+            if not _lost(err) or job.resubmitted:
+                raise
+        _left(deadline, self.build_timeout_s)  # nothing new starts past the deadline
+        job.future, job.resubmitted = job.submit(), True
+        return self._wait(job.future, deadline)
+
+    def _member_result(self, member: _Member, deadline: float | None = None) -> dict:
+        """One kernel of a batch: its item of the batch's build; when the batch failed (an error,
+        a timeout), its own build, each kernel of the batch a job of its own (with its own
+        ``build_timeout_s``), so a kernel that breaks or hangs the batch's build costs only
+        itself. A batch of one kernel is not built again: its failure is its own."""
+        batch = member.batch
+        if batch.alone is None:
+            try:
+                return self._wait_job(batch.job, deadline)[member.index]
+            except BudgetSpent:
+                raise
+            except Exception as err:  # pylint: disable=broad-except
+                if len(batch.chunk) == 1:
+                    raise
+                _left(deadline, self.build_timeout_s)  # nothing new starts past the deadline
+                LOG.info("tvm-rammer: a batch of %d kernels did not build (%s): each is built "
+                         "alone", len(batch.chunk), _first_line(err))
+                batch.alone = [self._guarded_job(lambda f=f, r=r: self._submit_build(f, r))
+                               for f, r in batch.chunk]
+        return self._wait_job(batch.alone[member.index], deadline)
 
     def close(self) -> None:
         """Stop the worker processes without waiting for a running (possibly hung) job."""
@@ -487,14 +557,18 @@ class CudaDevice:
         deadline = deadline_in(within_s)
         if within_s is not None and within_s <= 0:
             return [None] * len(jobs)  # the budget is spent: not even a build starts
-        refs = {}
+        # each operator's reference right before its versions: the runner's first (version,
+        # reference) pair waits for the fewest builds
+        items, refs, builds = [], {}, []
         for job in jobs:
             if job.reference is not None and job.reference_key not in refs:
-                refs[job.reference_key] = job.reference
-        futures = self._submit_batches([(f, False) for f in refs.values()] +
-                                       [(job.func, True) for job in jobs])
-        refs = dict(zip(refs, futures[:len(refs)]))
-        builds = futures[len(refs):]
+                refs[job.reference_key] = len(items)
+                items.append((job.reference, False))
+            builds.append(len(items))
+            items.append((job.func, True))
+        members = self._submit_batches(items)
+        refs = {key: members[i] for key, i in refs.items()}
+        builds = [members[i] for i in builds]
         records, spent = [], False
         for job, build in zip(jobs, builds):
             if spent:  # the budget ran out: the rest of the batch is not measured
@@ -515,29 +589,32 @@ class CudaDevice:
         return records
 
     def _submit_batches(self, items: Sequence[tuple]) -> list:
-        """One future-like build per ``(func, resources)`` item. The items are built in batches
-        (one TVM build, link and nvcc per batch: nvcc's start-up and headers are paid once per
-        batch instead of once per kernel) of at most ``batch_size`` kernels, and at least two
-        batches per build process, so the runner can start on the first while the rest build."""
+        """One :class:`_Member` per ``(func, resources)`` item, for :meth:`_build_result`. The
+        items are built in batches (one TVM build, link and nvcc per batch: nvcc's start-up and
+        headers are paid once per batch instead of once per kernel) of at most ``batch_size``
+        kernels, and at least two batches per build process, so the runner can start on the
+        first while the rest build."""
         size = max(1, min(self.batch_size, -(-len(items) // (2 * self._workers))))
         members = []
         for begin in range(0, len(items), size):
             chunk = items[begin:begin + size]
-            batch = self._guarded_submit_batch(chunk)
+            batch = _Batch(chunk, self._guarded_job(lambda c=chunk: self._submit_batch(c)))
             members += [_Member(batch, i) for i in range(len(chunk))]
         return members
 
-    def _guarded_submit_batch(self, chunk: Sequence[tuple]):
-        """A batch build future, or a future holding the exception when it cannot even be
-        submitted (serialisation, a broken pool)."""
-        try:
-            return self._submit_batch(chunk)
-        except Exception as err:  # pylint: disable=broad-except
-            failed: cf.Future = cf.Future()
-            failed.set_exception(err)
-            if isinstance(err, BrokenProcessPool):
-                self._builder = None
-            return failed
+    def _guarded_job(self, submit: Callable[[], cf.Future]) -> _Job:
+        """A :class:`_Job` of ``submit``: a build future, or a future holding the exception when it
+        cannot even be submitted (serialisation, a broken pool: the next submit gets a new one)."""
+        def guarded() -> cf.Future:
+            try:
+                return submit()
+            except Exception as err:  # pylint: disable=broad-except
+                failed: cf.Future = cf.Future()
+                failed.set_exception(err)
+                if isinstance(err, BrokenProcessPool):
+                    self._builder = None
+                return failed
+        return _Job(guarded)
 
     def _submit_batch(self, chunk: Sequence[tuple]) -> cf.Future:
         self._count += len(chunk)
