@@ -125,10 +125,19 @@ def test_a_second_compile_makes_fewer_versions_and_chooses_the_same(alexnet, fil
     assert again == full  # the same rPrograms, kernels, versions, times and fallbacks
     assert len(count.take()) == filled[2]  # every version made, as in the first compile
     assert 0 < len(made) < filled[2] / 2, (len(made), filled[2])
+    # of the versions a record names, only each operator's dlight version and those the policy
+    # chose are made (scheduled, prelowered): the others only weighed, from their recorded fields
+    chosen = {k.split("#")[0] for k in chosen_kernels(again) if ":dlight#" not in k}
+    assert len(made) <= len(operator_records(path)) + len(chosen), (len(made), chosen)
     assert profiler.device.measured == control.device.measured == []
     assert profiler.device.rprograms == control.device.rprograms == 0
     kernels = [op["kernel"] for p in filled[1]["programs"] for op in p["operators"]]
     assert [op["kernel"] for p in again["programs"] for op in p["operators"]] == kernels
+
+
+def chosen_kernels(summary) -> list:
+    """The kernel (``operator:version#key8``, ``xN`` when coarsened) of every placed operator."""
+    return [op["kernel"] for p in summary["programs"] for op in p["operators"]]
 
 
 def test_without_a_device_the_records_are_read_too(alexnet, filled, tmp_path, monkeypatch):
@@ -151,8 +160,8 @@ def _one_measured_other(records):
     raise AssertionError("no operator had a version other than dlight measured")
 
 
-@pytest.mark.parametrize("stale", ["version_gone", "kernel_record_gone", "func_key_changed",
-                                   "prediction_changed"])
+@pytest.mark.parametrize("stale", ["version_gone", "kernel_record_gone", "prediction_changed",
+                                   "launch_fields_changed"])
 def test_a_stale_record_falls_back_to_the_full_path_with_the_same_result(alexnet, filled, tmp_path,
                                                                        monkeypatch, stale):
     key, record, name = _one_measured_other(operator_records(filled[0]))
@@ -166,9 +175,8 @@ def test_a_stale_record_falls_back_to_the_full_path_with_the_same_result(alexnet
             rec["measured"] = [ver["name"] if n == name else n for n in rec["measured"]]
         elif stale == "kernel_record_gone":
             del device["kernel"][entry["key"]]
-        elif stale == "func_key_changed":  # the maker now makes another kernel under that name
-            ver["key"] = "0" * 16
-            device["kernel"]["0" * 16] = device["kernel"][entry["key"]]
+        elif stale == "launch_fields_changed":  # so its analytical time is another
+            ver["lowered"]["grid"][0] *= 2
         else:
             ver["predicted_us"] = 1e-3
 
@@ -190,6 +198,63 @@ def test_a_stale_record_falls_back_to_the_full_path_with_the_same_result(alexnet
     if stale == "kernel_record_gone":
         assert profiler.device.measured, "the version whose record was lost is measured again"
 
+
+
+def _chosen_deferred(filled):
+    """(operator, version name) of a placed operator whose chosen version is not dlight (one a
+    second compile makes only when the persistent kernel's code is made)."""
+    for kernel in chosen_kernels(filled[1]):
+        operator, rest = kernel.split(":", 1)
+        name = rest.split("#")[0]
+        if name != "dlight":
+            return operator, name
+    raise AssertionError("the policy chose dlight everywhere: nothing made late")
+
+
+@pytest.mark.parametrize("device", [True, False])
+@pytest.mark.parametrize("late", ["another_kernel", "fails_to_schedule"])
+def test_a_chosen_version_that_cannot_be_made_late_compiles_again_as_the_full_path(
+        alexnet, filled, tmp_path, monkeypatch, caplog, late, device):
+    """A version made from its record when its code is first needed (``tuning.deferred``) that is
+    another kernel than its record says, or whose schedule fails then: the compile finishes, with a
+    warning, as the full path (every record ignored) does; control: without the fault no warning."""
+    operator, name = _chosen_deferred(filled)
+    path = copy_db(filled, tmp_path)
+    if late == "another_kernel":  # the maker now makes another kernel under that name
+        def change(device_records):
+            for rec in device_records[operator_record.KIND].values():
+                for ver in rec["versions"]:
+                    if rec["operator"] == operator and ver["name"] == name:
+                        device_records["kernel"]["0" * 16] = device_records["kernel"][ver["key"]]
+                        ver["key"] = "0" * 16
+        edit_db(path, change)
+    else:
+        real = versions.version_func
+
+        def failing(op, target, vname, *args, **kwargs):
+            if op == operator and vname == name:
+                raise RuntimeError("a dlight rule broke")
+            return real(op, target, vname, *args, **kwargs)
+
+        monkeypatch.setattr(versions, "version_func", failing)
+    control_db = str(tmp_path / "control.json")
+    shutil.copy(path, control_db)
+    with caplog.at_level("WARNING", logger="tvm_rammer"):
+        result, profiler = compile_once(alexnet, path, device=device)
+    warned = [r.getMessage() for r in caplog.records if "compiling again" in r.getMessage()]
+    assert len(warned) == 1 and f"{operator}: version {name}" in warned[0], warned
+    ignoring_records(monkeypatch)
+    full, control = compile_once(alexnet, control_db, device=device)
+    assert result == full
+    if device:
+        assert profiler.device.measured == control.device.measured
+
+
+def test_without_a_fault_no_version_is_made_again(alexnet, filled, tmp_path, caplog):
+    """The control of the test above: the same compile on the untouched records warns nothing."""
+    with caplog.at_level("WARNING", logger="tvm_rammer"):
+        compile_once(alexnet, copy_db(filled, tmp_path))
+    assert not [r for r in caplog.records if "compiling again" in r.getMessage()]
 
 
 class FailingDevice(FakeDevice):

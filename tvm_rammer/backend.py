@@ -52,6 +52,7 @@ from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .resources import ResourceProbe
 from .target import plain_target, rkernel_target, target_arch
 from .timings import TIMINGS_ATTR
+from .tuning.deferred import LateVersionError, func_if_made
 from .tuning.measure import KernelJob
 from .tuning.profiler import Profiler, plan_key
 from .tuning.versions import func_key, kernel_versions, unscheduled_funcs
@@ -271,7 +272,8 @@ def _jobs(candidates: dict, predict=None) -> list:
     jobs = []
     for c in candidates.values():
         times = predict(c) if predict is not None else {}
-        jobs += [KernelJob(key=v.key, label=f"{c.name}:{v.name}", func=v.func, reference=c.reference,
+        jobs += [KernelJob(key=v.key, label=f"{c.name}:{v.name}", func=func_if_made(v),
+                           reference=c.reference,
                            reference_key=c.reference_key, num_outputs=len(c.node.outputs),
                            operator=c.name, predicted_us=times.get(v.key),
                            base=v.name == rkernels.PIPELINE_VERSION)
@@ -476,7 +478,19 @@ def _views_only(plan, graph, mod, skipped) -> bool:
 
 def build_rprograms(graph: DataflowGraph, mod: tvm.IRModule, target, config: RammerConfig,
                     profiler: Profiler, vdevice=None) -> BackendResult:
-    """The rPrograms of ``graph`` (see the module docstring)."""
+    """The rPrograms of ``graph`` (see the module docstring). A version made from its operator
+    record when first used that is not what the record says (``tuning.deferred``) makes the
+    compile start again with every operator record ignored: the full path's result."""
+    mark = profiler.mark()
+    try:
+        return _build_rprograms(graph, mod, target, config, profiler, vdevice)
+    except LateVersionError as err:
+        LOG.warning("tvm-rammer: %s; compiling again with every operator's versions made", err)
+        profiler.ignore_operator_records(mark)
+        return _build_rprograms(graph, mod, target, config, profiler, vdevice)
+
+
+def _build_rprograms(graph, mod, target, config, profiler, vdevice) -> BackendResult:
     phases: list = []
     vdevice = vdevice or rkernels.vdevice_for(target, config)
     with _phase(phases, "rOperators and versions"):

@@ -9,8 +9,9 @@ operator, one record of kind "operator" (``profile_db``), keyed by :func:`operat
 that changes versions or their analytical times, the vDevice, TVM's version, tvm-rammer's version
 and the source of the modules that make versions: :func:`makers_digest`), holding:
 
-- ``versions``: every version the full path made, in order: name, source, ``func_key`` and the
-  analytical time the profiler's choice of what to measure used (``predicted_us``);
+- ``versions``: every version the full path made, in order: name, source, ``func_key``, its
+  prelowered launch fields (``lowered``: ``deferred.LOWERED_FIELDS``) and the analytical time
+  the profiler's choice of what to measure used (``predicted_us``);
 - ``reference_key``: the ``func_key`` of TVM's default kernel for the operator;
 - ``measured``: the versions with a kernel record when it was written, and ``fastest`` among them,
   and ``operator``, the name it was written for (for reading; the choice is made again from the
@@ -26,7 +27,14 @@ full path would make them and then never use them, so the operator, its choices 
 are the same. Anything missing or inconsistent makes the operator take the full path: no record,
 a version not makeable by name or no longer the same kernel (its ``func_key``), a version the
 record says was measured whose kernel record is gone, a fresh analytical time that differs from
-the recorded one. The record names kernels, not measurements: a failed measurement leaves no
+the recorded one. Of the needed versions, only the pipeline's dlight version (and a version whose name does not say
+how to make it alone) is made at once; every other one is a ``deferred.DeferredVersion``: its
+name, key and recorded launch fields are what the profiler and the policy weigh (its analytical
+time from those fields must equal the recorded one), and it is scheduled and prelowered only when
+its code is used: built into a persistent kernel the policy chose, or measured (then with TVM's
+default kernel, made then too). A version made late that is not what its record says makes the
+back end compile again with every record ignored (``deferred.LateVersionError``). The record
+names kernels, not measurements: a failed measurement leaves no
 kernel record (``profiler.is_failure``), so the next compile makes and measures that version
 again.
 """
@@ -41,13 +49,14 @@ from dataclasses import dataclass
 
 import tvm
 
-from .versions import func_key, named_versions
+from .deferred import DeferredVersion, LateVersionError, Unmade, lowered_fields, valid_fields
+from .versions import func_key, made_by_name, named_versions
 
 __all__ = ["KIND", "FORMAT", "operator_key", "needed_versions", "OperatorRecords", "Reused"]
 
 LOG = logging.getLogger("tvm_rammer")
 KIND = "operator"
-FORMAT = 1
+FORMAT = 2  # 2: each version's launch fields ("lowered"), so most are made only when used
 PIPELINE_VERSION = "dlight"  # rkernels.PIPELINE_VERSION
 # RammerConfig fields that change neither an operator's versions nor their analytical times: the
 # profiler's own, the policy's and the persistent kernel's code (every other field is in the key:
@@ -148,7 +157,7 @@ class OperatorRecords:
         self.target, self.plain = rkernel_target(target, config), plain_target(target)
         self.vdevice = vdevice_for(target, config)
         self.makers = makers_digest()
-        self.counts = {"reused": 0, "full": 0}
+        self.counts = {"reused": 0, "full": 0, "deferred": 0}
 
     def predict(self, scheduled, lowered) -> float | None:
         """A version's analytical whole-kernel time as the back end predicts it for the profiler
@@ -195,23 +204,52 @@ class OperatorRecords:
         if found is None:
             return None
         entries, measurable = found
-        versions = named_versions(name, self.target, [(v["name"], v["source"]) for v in entries],
-                                  scheduled=scheduled, unscheduled=unscheduled)
-        if versions is None or len(self.runnable(versions)) != len(versions):
+        deferred = [self._deferrable(v, unscheduled) for v in entries]
+        made = named_versions(name, self.target, [(v["name"], v["source"])
+                                                  for v, late in zip(entries, deferred) if not late],
+                              scheduled=scheduled, unscheduled=unscheduled)
+        if made is None:
+            return None
+        made = iter(made)
+        versions = [DeferredVersion(name, v["name"], v["source"], v["key"], v["lowered"], self.target,
+                                    scheduled=scheduled, unscheduled=unscheduled)
+                    if late else next(made) for v, late in zip(entries, deferred)]
+        if len(self.runnable(versions)) != len(versions):
             return None
         for version, entry in zip(versions, entries):
-            if version.key != entry["key"]:
+            if version.key != entry["key"] or lowered_fields(version.lowered) != entry.get("lowered"):
                 return None  # the same name is another kernel now
             stored = entry.get("predicted_us")  # None: every version counted as measurable
             fresh = None if stored is None else self.predict(scheduled, version.lowered)
             if stored is not None and (fresh is None or not math.isclose(fresh, stored, rel_tol=1e-9)):
                 return None  # the analytical times moved: what is measured may differ
         reference, reference_key = None, record.get("reference_key")
-        if measurable:  # a version may be measured: against TVM's default kernel
-            reference = self.default(unscheduled)
-            if (None if reference is None else func_key(reference)) != reference_key:
-                return None
+        if measurable and reference_key is not None:  # measured against TVM's default kernel,
+            # made when a version is measured (decisive_jobs' min_share may leave all out)
+            reference = Unmade(lambda: self._reference(name, unscheduled, reference_key),
+                               f"{name}: TVM's default kernel")
+        elif measurable and self.default(unscheduled) is not None:
+            return None  # the full path had no default kernel for it: now it has one
+        self.counts["deferred"] += sum(isinstance(v, DeferredVersion) for v in versions)
         return Reused(versions, reference, reference_key)
+
+    def _deferrable(self, entry: dict, unscheduled) -> bool:
+        """Whether a needed version can be made when first used (``deferred.DeferredVersion``):
+        not the pipeline's own (the one every choice falls back to), made alone by its name
+        (``versions.made_by_name``), with its launch fields recorded."""
+        return valid_fields(entry.get("lowered")) \
+            and made_by_name(entry["name"], entry["source"], unscheduled, self.target)
+
+    def _reference(self, name: str, unscheduled, reference_key: str):
+        """TVM's default kernel for the operator, made when a version is measured against it;
+        ``LateVersionError`` when it is not the recorded one."""
+        try:
+            reference = self.default(unscheduled)
+        except Exception as err:  # pylint: disable=broad-except  (the full path decides then)
+            raise LateVersionError(f"{name}: TVM's default kernel failed: {err}") from err
+        if reference is None or func_key(reference) != reference_key:
+            raise LateVersionError(f"{name}: TVM's default kernel is not the recorded one")
+        return reference
 
     def note(self, name: str, scheduled, unscheduled, versions, reference_key) -> None:
         """After the full path: the profiler writes ``name``'s record once it has measured (only
@@ -224,5 +262,5 @@ class OperatorRecords:
         except Exception as err:  # pylint: disable=broad-except  (no record: the full path again)
             LOG.info("tvm-rammer: %s: no operator record (%s)", name, err)
             return
-        self.profiler.note_operator(name, key, [(v.name, v.source, v.key) for v in versions],
-                                    reference_key)
+        self.profiler.note_operator(name, key, [(v.name, v.source, v.key, lowered_fields(v.lowered))
+                                                for v in versions], reference_key)

@@ -47,6 +47,8 @@ Without a device and without a record nothing is measured: the caller decides wh
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -60,6 +62,7 @@ import numpy as np
 
 from ..gpu import DeviceId
 from ..vdevice import VDevice
+from .deferred import LateVersionError, Unmade, made_func
 from .measure import BudgetSpent, KernelJob, MeasureDevice
 from .operator_record import FORMAT as OPERATOR_FORMAT, KIND as OPERATOR_KIND
 
@@ -212,6 +215,7 @@ class Profiler:
         self._asked: set = set()  # rProgram keys answered within rprogram_budget
         self._measured: set = set()
         self._operators: dict = {}  # operator -> its record's key, versions, reference (note_operator)
+        self._records_ignored = False  # ignore_operator_records
         self.sources = []  # (database, device its records are read for, label): one source
         if device is not None:
             self.sources = [(db, device.id, "database")]
@@ -355,6 +359,10 @@ class Profiler:
             if job.key in seen or self._lookup("kernel", job.key)[0] is not None:
                 continue
             seen.add(job.key)
+            if isinstance(job.func, Unmade) or isinstance(job.reference, Unmade):
+                # made from an operator record (``deferred``): its code made now, to be measured
+                job = dataclasses.replace(job, func=made_func(job.func),
+                                          reference=made_func(job.reference))
             todo.append(job)
         if todo:
             progress = Progress(len(todo), "tvm-rammer: profiling rKernels", self.progress)
@@ -397,9 +405,29 @@ class Profiler:
 
     # --- operator records (``operator_record``): which versions a later compile makes ----------
     def operator_record(self, key: str) -> dict | None:
-        """The operator record (``operator_record.KIND``) under ``key``, or None."""
+        """The operator record (``operator_record.KIND``) under ``key``, or None (always None
+        after :meth:`ignore_operator_records`)."""
+        if self._records_ignored:
+            return None
         record = self._lookup(OPERATOR_KIND, key)[0]
         return record if isinstance(record, dict) else None
+
+    def mark(self) -> tuple:
+        """What :meth:`ignore_operator_records` rewinds to: the questions asked so far (the
+        rProgram budget, the keys asked, the counts, what the budget left unmeasured)."""
+        return (self.rprogram_budget, set(self._asked), Counter(self.counts),
+                copy.deepcopy(self._unmeasured))
+
+    def ignore_operator_records(self, mark: tuple | None = None) -> None:
+        """Read no operator record from now on (``backend.build_rprograms`` after a
+        ``deferred.LateVersionError``: every operator's versions made again, the full path),
+        and, with a :meth:`mark`, ask every question again as from there (so the compile made
+        again asks and is answered as the full path; what was measured stays measured)."""
+        self._records_ignored = True
+        if mark is not None:
+            self.rprogram_budget, asked, counts, unmeasured = mark
+            self._asked, self.counts, self._unmeasured = set(asked), Counter(counts), \
+                copy.deepcopy(unmeasured)
 
     def has_kernel_record(self, key: str) -> bool:
         """Whether an rKernel version has a kernel record that is not a failure."""
@@ -408,7 +436,8 @@ class Profiler:
 
     def note_operator(self, operator: str, key: str, versions: Sequence, reference_key) -> None:
         """Write ``operator``'s record under ``key`` once :meth:`prepare` has measured (with a
-        device only): ``versions`` are (name, source, func_key) of every version made, in order;
+        device only): ``versions`` are (name, source, func_key, launch fields:
+        ``deferred.lowered_fields``) of every version made, in order;
         their predicted times come from :meth:`prepare`'s jobs."""
         if self.device is not None:
             self._operators[operator] = (key, list(versions), reference_key)
@@ -421,9 +450,9 @@ class Profiler:
         predicted = {(job.operator, job.key): job.predicted_us for job in jobs}
         items = []
         for operator, (key, versions, reference_key) in self._operators.items():
-            entries = [{"name": name, "source": source, "key": vkey,
+            entries = [{"name": name, "source": source, "key": vkey, "lowered": fields,
                         "predicted_us": predicted.get((operator, vkey))}
-                       for name, source, vkey in versions]
+                       for name, source, vkey, fields in versions]
             measured = {e["name"]: self._lookup("kernel", e["key"])[0] for e in entries
                         if self.has_kernel_record(e["key"])}
             timed = {n: r["kernel_us"] for n, r in measured.items()
@@ -479,6 +508,8 @@ class Profiler:
         except BudgetSpent:  # ran out while it was built or run: abandoned, not a failure
             self._not_measured(rprograms=1)
             return None, None
+        except LateVersionError:  # not the plan's failure: the compile is done again, records off
+            raise
         except Exception as err:  # pylint: disable=broad-except  (analytical for this plan)
             LOG.warning("tvm-rammer: timing an rProgram failed (%s): its analytical time is used",
                         _short(err))

@@ -40,8 +40,8 @@ from tir_templates.templates import template_schedules
 from ..target import capped_target
 
 __all__ = ["STASH_ATTR", "StashUnscheduled", "unscheduled_funcs", "KernelVersion", "VersionOptions",
-           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "named_versions", "func_key",
-           "open_database"]
+           "dlight_schedules", "metaschedule_schedules", "kernel_versions", "named_versions",
+           "version_func", "made_by_name", "func_key", "open_database"]
 
 LOG = logging.getLogger("tvm_rammer")
 STASH_ATTR = "rammer.unscheduled"
@@ -246,26 +246,51 @@ def _template_named(func: tirx.PrimFunc, target: tvm.target.Target, vname: str):
     return next((t.func for t in template_schedules(func, target) if t.name == vname), None)
 
 
-def named_versions(name: str, target: tvm.target.Target, wanted, *, scheduled: tirx.PrimFunc,
-                   unscheduled: tirx.PrimFunc) -> list[KernelVersion] | None:
-    """Only the versions ``wanted`` ((version name, source) pairs, in their order) of one operator,
-    each made alone: what :func:`kernel_versions` made under those names, without making the
-    others. The pipeline's version ("dlight") is ``scheduled``; dlight variants and templates
-    are made from ``unscheduled``. None when any cannot be made (a name no maker knows, a
-    metaschedule version, a schedule that no longer applies, ``prelower`` rejects it, another
-    source): the caller then makes every version (:func:`kernel_versions`)."""
-    dlight = dict(_dlight_makers(unscheduled, target))
-    versions = []
-    for vname, source in wanted:
-        if vname == "dlight":
-            func, made_source = scheduled, scheduled_by(scheduled) or "dlight"
-        elif vname in dlight:
+def version_func(name: str, target: tvm.target.Target, vname: str, source: str, *,
+                 scheduled: tirx.PrimFunc, unscheduled: tirx.PrimFunc, dlight_makers=None):
+    """The scheduled PrimFunc of operator ``name``'s version ``vname`` of ``source``, made alone
+    by its name (the pipeline's version "dlight" is ``scheduled``; dlight variants and templates
+    are made from ``unscheduled``), or None when it cannot be made so (a name no maker knows, a
+    metaschedule version, a schedule that no longer applies, another source). ``dlight_makers``:
+    ``dict(_dlight_makers(unscheduled, target))`` when the caller has it."""
+    del name  # the operator's name: only in what callers log
+    if vname == "dlight":
+        func, made_source = scheduled, scheduled_by(scheduled) or "dlight"
+    else:
+        dlight = dlight_makers if dlight_makers is not None else dict(_dlight_makers(unscheduled, target))
+        if vname in dlight:
             func, made_source = _made(vname, dlight[vname]), "dlight"
         elif source == "template":
             func, made_source = _template_named(unscheduled, target, vname), "template"
         else:
             return None
-        if func is None or made_source != source:
+    return func if func is not None and made_source == source else None
+
+
+def made_by_name(vname: str, source: str, unscheduled: tirx.PrimFunc, target: tvm.target.Target) -> bool:
+    """Whether :func:`version_func` makes ``vname`` of ``source`` alone, by a maker its name
+    selects (a dlight variant's name, a template name of ``_TEMPLATE_NAMES``), without
+    scheduling anything; False for "dlight" (the pipeline's own) and every other name."""
+    import re
+
+    if source == "dlight":
+        return vname != "dlight" and any(n == vname for n, _ in _dlight_makers(unscheduled, target))
+    return source == "template" and any(re.fullmatch(p, vname) for p, _, _ in _TEMPLATE_NAMES)
+
+
+def named_versions(name: str, target: tvm.target.Target, wanted, *, scheduled: tirx.PrimFunc,
+                   unscheduled: tirx.PrimFunc) -> list[KernelVersion] | None:
+    """Only the versions ``wanted`` ((version name, source) pairs, in their order) of one operator,
+    each made alone (:func:`version_func`) and prelowered: what :func:`kernel_versions` made under
+    those names, without making the others. None when any cannot be made (see
+    :func:`version_func`, or ``prelower`` rejects it): the caller then makes every version
+    (:func:`kernel_versions`)."""
+    dlight = dict(_dlight_makers(unscheduled, target))
+    versions = []
+    for vname, source in wanted:
+        func = version_func(name, target, vname, source, scheduled=scheduled,
+                            unscheduled=unscheduled, dlight_makers=dlight)
+        if func is None:
             return None
         try:
             lowered = prelower(func, target, name=name)
