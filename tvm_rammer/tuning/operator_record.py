@@ -27,8 +27,8 @@ full path would make them and then never use them, so the operator, its choices 
 are the same. Anything missing or inconsistent makes the operator take the full path: no record,
 a version not makeable by name or no longer the same kernel (its ``func_key``), a version the
 record says was measured whose kernel record is gone, a fresh analytical time that differs from
-the recorded one. Of the needed versions, only the pipeline's dlight version (and a version whose name does not say
-how to make it alone) is made at once; every other one is a ``deferred.DeferredVersion``: its
+the recorded one. Of the needed versions, only one whose name does not say how to make it alone is made at once;
+every other one (the pipeline's dlight version too) is a ``deferred.DeferredVersion``: its
 name, key and recorded launch fields are what the profiler and the policy weigh (its analytical
 time from those fields must equal the recorded one), and it is scheduled and prelowered only when
 its code is used: built into a persistent kernel the policy chose, or measured (then with TVM's
@@ -235,10 +235,12 @@ class OperatorRecords:
 
     def _deferrable(self, entry: dict, unscheduled) -> bool:
         """Whether a needed version can be made when first used (``deferred.DeferredVersion``):
-        not the pipeline's own (the one every choice falls back to), made alone by its name
-        (``versions.made_by_name``), with its launch fields recorded."""
-        return valid_fields(entry.get("lowered")) \
-            and made_by_name(entry["name"], entry["source"], unscheduled, self.target)
+        its launch fields recorded, and either the pipeline's own (its PrimFunc is the
+        operator's, in the record's key: only prelowered late) or made alone by its name
+        (``versions.made_by_name``)."""
+        return valid_fields(entry.get("lowered")) and (
+            entry["name"] == PIPELINE_VERSION
+            or made_by_name(entry["name"], entry["source"], unscheduled, self.target))
 
     def _reference(self, name: str, unscheduled, reference_key: str):
         """TVM's default kernel for the operator, made when a version is measured against it;
