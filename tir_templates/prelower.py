@@ -50,8 +50,27 @@ class UnsupportedKernel(ValueError):
     """Raised with a clear reason when a kernel cannot become rTasks."""
 
 
+class LaunchShape:
+    """``num_rtasks`` and ``threads`` of anything with a ``grid`` and a ``block`` (x, y, z)."""
+
+    grid: tuple
+    block: tuple
+
+    @property
+    def num_rtasks(self) -> int:
+        """Number of thread blocks = rTasks."""
+        gx, gy, gz = self.grid
+        return gx * gy * gz
+
+    @property
+    def threads(self) -> int:
+        """Threads per block."""
+        tx, ty, tz = self.block
+        return tx * ty * tz
+
+
 @dataclass(frozen=True)
-class LoweredKernel:
+class LoweredKernel(LaunchShape):
     """One lowered thread-block kernel whose blocks can run as rTasks (see module docstring)."""
 
     name: str
@@ -65,18 +84,6 @@ class LoweredKernel:
     shared_bytes: int
     has_sync: bool
     volatile_shared: bool = False
-
-    @property
-    def num_rtasks(self) -> int:
-        """Number of thread blocks = rTasks."""
-        gx, gy, gz = self.grid
-        return gx * gy * gz
-
-    @property
-    def threads(self) -> int:
-        """Threads per block."""
-        tx, ty, tz = self.block
-        return tx * ty * tz
 
 
 def _lowering_passes():

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from tir_templates.prelower import UnsupportedKernel
+from tir_templates.prelower import LaunchShape, UnsupportedKernel
 
 from . import versions as _versions
 
@@ -59,7 +59,7 @@ def valid_fields(fields) -> bool:
         return False
 
 
-class DeferredLowered:
+class DeferredLowered(LaunchShape):
     """A ``LoweredKernel`` whose :data:`LOWERED_FIELDS` (and ``name``, ``num_rtasks``,
     ``threads``) come from the record; any other attribute (``body``, ``params``,
     ``param_buffers``, ``block_vars``, ``thread_vars``) makes the version first (``version``'s
@@ -71,16 +71,6 @@ class DeferredLowered:
         self.shared_bytes, self.has_sync = fields["shared_bytes"], fields["has_sync"]
         self.volatile_shared = fields["volatile_shared"]
         self._version = version
-
-    @property
-    def num_rtasks(self) -> int:
-        gx, gy, gz = self.grid
-        return gx * gy * gz
-
-    @property
-    def threads(self) -> int:
-        tx, ty, tz = self.block
-        return tx * ty * tz
 
     @property
     def made(self) -> bool:
