@@ -195,7 +195,7 @@ def _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database) 
     lend = getattr(profiler.device, "version_workers", None)
     pool, submit = lend() if lend is not None else (None, None)
     requests = [VersionRequest(name, rk_target, mod[node.gvar], stash[name], reference_target=plain)
-                for name, node, others in pending if others and name in stash]
+                for name, (node, others) in pending.items() if others and name in stash]
     if pool is None or database is not None or len(requests) < 2:
         return {}
     left = profiler.remaining_s()  # None: no budget, and then a hung worker waits 10 minutes
@@ -221,7 +221,14 @@ def _candidates(graph, mod, target, config, profiler, skipped):
     if informed and stash and not config.emulate_versions and not config.tuning_db:
         records = OperatorRecords(profiler, target, config,
                                   runnable=lambda vs: _runnable(vs, config.max_rtask_threads))
-    found, pending = {}, []
+
+    def out_of_budget(name, others) -> bool:  # past the budget they could never be measured
+        if others and profiler.measures and name in stash and profiler.over_budget():
+            profiler.versions_not_made(name)
+            return True
+        return False
+
+    found, pending = {}, {}
     for node in graph.nodes:
         if node.kind == "alias":
             continue
@@ -229,24 +236,19 @@ def _candidates(graph, mod, target, config, profiler, skipped):
             skipped[node.index] = node.reason
             continue
         name = node.gvar.name_hint
-        if name in found or any(name == p[0] for p in pending):
+        if name in found or name in pending:
             continue
-        others = config.versions
-        if others and profiler.measures and name in stash and profiler.over_budget():
-            profiler.versions_not_made(name)  # past the budget they could never be measured
-            others = False
+        others = config.versions and not out_of_budget(name, config.versions)
         reused = records.made(name, mod[node.gvar], stash[name]) \
             if (records is not None and others and name in stash) else None
         if reused is not None:
             found[name] = _Candidate(name, node, reused.versions, reused.reference, reused.reference_key)
             continue
-        pending.append((name, node, others))
+        pending[name] = (node, others)
     made = _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database)
-    for name, node, others in pending:
+    for name, (node, others) in pending.items():
         here = made.get(name)
-        if here is None and others and profiler.measures and name in stash \
-                and profiler.over_budget():  # the budget ran out while earlier ones were made
-            profiler.versions_not_made(name)
+        if here is None and out_of_budget(name, others):  # spent while earlier ones were made
             others = False
         try:
             versions = here.versions if here is not None else kernel_versions(

@@ -147,19 +147,25 @@ def same_arch(a: str, b: str) -> bool:
     return a.rstrip("af") == b.rstrip("af")
 
 
+def target_spec(target: tvm.target.Target) -> dict:
+    """``target`` as plain data that ``tvm.target.Target(spec)`` builds again (in another process,
+    or changed): its export without the tag, its keys a list."""
+    spec = dict(target.export())
+    spec.pop("tag", None)
+    spec["keys"] = list(spec.get("keys", ()))
+    return spec
+
+
 def plain_target(target) -> tvm.target.Target:
     """The same target without the rammer key: TVM's default pipeline applies to it."""
-    spec = dict(resolve_target(target).export())
-    spec.pop("tag", None)
+    spec = target_spec(resolve_target(target))
     spec["keys"] = [k for k in spec["keys"] if k != RAMMER_KEY]
     return tvm.target.Target(spec)
 
 
 def capped_target(target: tvm.target.Target, threads: int) -> tvm.target.Target:
     """``target`` with at most ``threads`` threads per block (what dlight may use)."""
-    spec = dict(target.export())
-    spec.pop("tag", None)
-    spec["keys"] = list(spec.get("keys", ()))
+    spec = target_spec(target)
     spec["max_num_threads"] = min(int(spec.get("max_num_threads", 1024)), threads)
     spec["max_threads_per_block"] = min(int(spec.get("max_threads_per_block", 1024)), threads)
     return tvm.target.Target(spec)

@@ -58,6 +58,7 @@ import tvm
 from tvm import tirx
 
 from ..gpu import DeviceId, LocalGPU
+from ..target import target_arch, target_spec
 from ..numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 
 __all__ = ["KernelJob", "MeasureDevice", "CudaDevice", "BudgetSpent", "param_specs", "tolerance_for",
@@ -152,16 +153,22 @@ def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool) 
     lib.export_library(path)
     info = {"path": path, "entry": ENTRY}
     if resources:
-        from tir_templates.cuda_resources import compile_cuda_resources
-
-        from ..resources import module_cuda_source
-        from ..target import target_arch
-
-        try:
-            info.update(compile_cuda_resources(module_cuda_source(lib), target_arch(target)))
-        except Exception as err:  # pylint: disable=broad-except  (resources are optional)
-            info["resources_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
+        info.update(_resources(lambda: lib, target))
     return info
+
+
+def _resources(build, target) -> dict:
+    """Registers, shared bytes, spills and stack bytes of the CUDA kernels of ``build()`` (a built
+    module: its CUDA source through ``nvcc -Xptxas -v``), or ``{"resources_error": ...}`` when the
+    build or nvcc fails (resources are optional)."""
+    from tir_templates.cuda_resources import compile_cuda_resources
+
+    from ..resources import module_cuda_source
+
+    try:
+        return compile_cuda_resources(module_cuda_source(build()), target_arch(target))
+    except Exception as err:  # pylint: disable=broad-except
+        return {"resources_error": str(err).splitlines()[0] if str(err) else type(err).__name__}
 
 
 def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: list) -> list:
@@ -181,7 +188,6 @@ def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: 
         from tir_templates import cuda_resources
 
         from ..resources import module_cuda_source
-        from ..target import target_arch
 
         try:
             found = cuda_resources.compile_cuda_resources_per_kernel(module_cuda_source(lib),
@@ -205,19 +211,9 @@ def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: 
 
 
 def _own_resources(mod, name: str, target) -> dict:
-    """Entry ``name`` of ``mod`` compiled alone (CUDA codegen and nvcc, no link): its registers,
-    shared bytes and spills, or ``{"resources_error": ...}``."""
-    from tir_templates import cuda_resources
-
-    from ..resources import module_cuda_source
-    from ..target import target_arch
-
-    try:
-        lib = tvm.tirx.build(tvm.IRModule({name: mod[name]}), target)
-        found = cuda_resources.compile_cuda_resources(module_cuda_source(lib), target_arch(target))
-    except Exception as err:  # pylint: disable=broad-except  (resources are optional)
-        return {"resources_error": str(err).splitlines()[0] if str(err) else type(err).__name__}
-    return {k: found[k] for k in ("registers", "shared_bytes", "spills")}
+    """Entry ``name`` of ``mod`` compiled alone (CUDA codegen and nvcc, no link): its
+    :func:`_resources`."""
+    return _resources(lambda: tvm.tirx.build(tvm.IRModule({name: mod[name]}), target), target)
 
 
 _LOADED: dict = {}
@@ -418,10 +414,7 @@ class CudaDevice:
                  build_timeout_s: float = 600.0, run_timeout_s: float = 120.0,
                  batch_size: int = 8):
         self.id = gpu.id
-        spec = dict(target.export())
-        spec.pop("tag", None)
-        spec["keys"] = list(spec.get("keys", ()))
-        self._target_spec = spec
+        self._target_spec = target_spec(target)
         self._workers = max(1, min(build_workers or os.cpu_count() or 1, 16))
         self.number, self.repeat, self.tolerance = number, repeat, tolerance
         self.build_timeout_s, self.run_timeout_s = build_timeout_s, run_timeout_s

@@ -24,6 +24,7 @@ from tvm import tirx
 
 from tir_templates.prelower import LoweredKernel
 
+from ..target import target_spec
 from .versions import KernelVersion, VersionOptions, func_key, kernel_versions
 
 __all__ = ["VersionRequest", "MadeVersions", "make_versions", "make_versions_in_pool"]
@@ -68,12 +69,7 @@ def make_versions(request: VersionRequest) -> MadeVersions:
 # --- the trip through a worker: plain data and one JSON of TIR objects per operator ---------------
 
 def _spec(target: tvm.target.Target | None):
-    if target is None:
-        return None
-    spec = dict(target.export())
-    spec.pop("tag", None)
-    spec["keys"] = list(spec.get("keys", ()))
-    return spec
+    return None if target is None else target_spec(target)
 
 
 def _pack_request(request: VersionRequest) -> tuple:
