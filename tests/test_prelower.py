@@ -4,9 +4,10 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 from conftest_tir import MODELS, TARGET, grid3d_block3d, schedule, scheduled_kernel, single_op_module
-from tir_templates.prelower import UnsupportedKernel, prelower
+from tir_templates.prelower import UnsupportedKernel, bound_launch, prelower
 
 # model -> (grid, block, shared_bytes, has_sync) as dlight schedules them for sm_90a
 EXPECTED = {
@@ -93,3 +94,31 @@ def test_prelower_rejects_symbolic_shapes():
 def test_prelower_rejects_non_primfunc():
     with pytest.raises(UnsupportedKernel, match="expected a tirx.PrimFunc"):
         prelower(relax.Var("x"), TARGET, "x")
+
+
+@T.prim_func(s_tir=True)
+def _two_thread_extents(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+    for bx in T.thread_binding(2, thread="blockIdx.x"):
+        for tx in T.thread_binding(32, thread="threadIdx.x"):
+            b[bx * 32 + tx] = a[bx * 32 + tx]
+        for tx2 in T.thread_binding(16, thread="threadIdx.x"):
+            b[bx * 32 + tx2] = a[bx * 32 + tx2] * T.float32(2)
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_bound_launch_reads_the_launch_prelower_gives(model):
+    grid, block, _, _ = EXPECTED[model]
+    assert bound_launch(scheduled_kernel(model)) == (grid, block)
+
+
+def test_bound_launch_declines_what_it_cannot_read():
+    # threadIdx.x bound with 32 and with 16: prelower unifies them to one launch of 32 threads,
+    # which the loops alone do not say, so no shape is read (the version is lowered)
+    kernel = prelower(_two_thread_extents, TARGET, "two_extents")
+    assert kernel.block == (32, 1, 1)
+    assert bound_launch(_two_thread_extents) is None
+    assert bound_launch(grid3d_block3d) is None  # launched by AttrStmts, not thread-binding loops
+    mod = single_op_module(relax.op.add, (16, 16), (16, 16))
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()])(mod)
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert bound_launch(func) is None  # unscheduled: no blockIdx

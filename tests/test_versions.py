@@ -13,8 +13,10 @@ from tvm_rammer.policy import OpGraph, schedule
 from tvm_rammer.tuning.measure import KernelJob
 from tvm_rammer.tuning.profile_db import JsonProfileDB
 from tvm_rammer.tuning.profiler import Profiler
-from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, kernel_versions,
-                                        unscheduled_funcs)
+from tir_templates.prelower import UnsupportedKernel, bound_launch, prelower
+from tvm_rammer.tuning import versions as versions_mod
+from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, dlight_schedules,
+                                        kernel_versions, unscheduled_funcs)
 from tvm_rammer.vdevice import VDevice
 
 CASES = {
@@ -140,3 +142,48 @@ def test_a_small_mean_gets_a_version_without_partial_warp_shuffles():
                             unscheduled=unscheduled_funcs(mod)[gv.name_hint])
     runnable = [v for v in found if early_exit_problem(v.lowered, 256) is None]
     assert any(v.source == "template" for v in runnable), [v.name for v in found]
+
+
+def _schedules(mod, gv) -> list:
+    """Every schedule kernel_versions weighs for the operator: the pipeline's, dlight's variants
+    and the templates."""
+    unscheduled = unscheduled_funcs(mod)[gv.name_hint]
+    return [("dlight", mod[gv]), *dlight_schedules(unscheduled, TARGET),
+            *((t.name, t.func) for t in template_schedules(unscheduled, TARGET))]
+
+
+def test_every_schedule_prelower_accepts_has_the_launch_bound_launch_reads(versions):
+    _, mod, gv, _ = versions
+    read = 0
+    for vname, func in _schedules(mod, gv):
+        try:
+            kernel = prelower(func, TARGET, name=vname)
+        except UnsupportedKernel:
+            continue
+        shape = bound_launch(func)
+        if shape is not None:
+            read += 1
+            assert shape == (kernel.grid, kernel.block), vname
+    assert read > 0
+
+
+def test_a_repeated_launch_shape_is_dropped_before_it_is_lowered(versions, monkeypatch):
+    _, mod, gv, found = versions
+    lowered = []
+
+    def counting(func, target, name="kernel"):
+        lowered.append(name)
+        return prelower(func, target, name=name)
+
+    monkeypatch.setattr(versions_mod, "prelower", counting)
+    again = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv],
+                            unscheduled=unscheduled_funcs(mod)[gv.name_hint])
+    with_shortcut = len(lowered)
+    lowered.clear()
+    monkeypatch.setattr(versions_mod, "bound_launch", lambda func: None)  # control: every one lowered
+    without = kernel_versions(gv.name_hint, TARGET, scheduled=mod[gv],
+                              unscheduled=unscheduled_funcs(mod)[gv.name_hint])
+    same = [(v.name, v.source, v.key, v.lowered.grid, v.lowered.block) for v in found]
+    assert [(v.name, v.source, v.key, v.lowered.grid, v.lowered.block) for v in again] == same
+    assert [(v.name, v.source, v.key, v.lowered.grid, v.lowered.block) for v in without] == same
+    assert with_shortcut < len(lowered)  # every case here has schedules that repeat a shape

@@ -136,6 +136,35 @@ def _binds_block_axis(body) -> bool:
     return bool(found)
 
 
+def bound_launch(func: tirx.PrimFunc):
+    """``(grid, block)`` read from the thread-binding loops of a *scheduled* PrimFunc, without
+    lowering it: each blockIdx/threadIdx axis' extent (1 when unbound); None when it cannot be
+    read so (an axis bound with two extents, a symbolic or offset binding, no blockIdx).
+
+    Where :func:`prelower` accepts the function, its ``(grid, block)`` is this one: the launch's
+    ``thread_extent`` AttrStmts are these loops, lifted and unified (checked on every version of
+    every zoo model's operators, tests/test_prelower.py). ``versions.kernel_versions`` uses it to
+    skip lowering a schedule whose launch shape an earlier version already has."""
+    extents, unreadable = {}, []
+
+    def loop(node):
+        if node.kind != tirx.ForKind.THREAD_BINDING:
+            return
+        tag = node.thread_binding.thread_tag
+        if tag not in BLOCK_AXES + THREAD_AXES:
+            return
+        if not (isinstance(node.extent, tirx.IntImm) and isinstance(node.min, tirx.IntImm)
+                and int(node.min) == 0):
+            unreadable.append(tag)
+        elif extents.setdefault(tag, int(node.extent)) != int(node.extent):
+            unreadable.append(tag)
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, loop))
+    if unreadable or not any(tag in extents for tag in BLOCK_AXES):
+        return None
+    return (tuple(extents.get(t, 1) for t in BLOCK_AXES), tuple(extents.get(t, 1) for t in THREAD_AXES))
+
+
 def _lower(func, target, name: str):
     """Run the pass prefix over ``func`` alone; returns the lowered PrimFunc."""
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
