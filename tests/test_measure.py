@@ -1,6 +1,7 @@
 """The device timer: kernels built in a process pool, checked against TVM's default kernel, timed."""
 import os
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relax, tirx
@@ -221,6 +222,139 @@ def test_each_operators_reference_is_built_with_its_versions(monkeypatch):
     assert [old[:4], old[4:]] != chunks
 
 
+
+def _jobs_with_default_versions() -> list:
+    """Operator A: its dlight version is its reference (the same PrimFunc and key), then another
+    version; operator B: another version first (B's reference becomes an item without
+    resources), then its dlight version, its reference."""
+    add, gemv, matmul, softmax = (scheduled_kernel(m) for m in ("add", "gemv", "matmul", "softmax"))
+    return [KernelJob(func_key(add), "A:dlight", add, add, func_key(add), 1, operator="A", base=True),
+            KernelJob(func_key(gemv), "A:other", gemv, add, func_key(add), 1, operator="A"),
+            KernelJob(func_key(softmax), "B:other", softmax, matmul, func_key(matmul), 1,
+                      operator="B"),
+            KernelJob(func_key(matmul), "B:dlight", matmul, matmul, func_key(matmul), 1,
+                      operator="B", base=True)]
+
+
+def test_build_items_give_a_version_that_is_its_reference_one_item_with_resources():
+    """measure_kernels' items: one per kernel key, each operator's reference right before its
+    versions; a version whose key is its reference's shares the reference's item (and asks for
+    its resources), whichever comes first. The control: other versions have items of their own."""
+    from tvm_rammer.tuning.measure import _build_items
+
+    jobs = _jobs_with_default_versions()
+    items, builds = _build_items(jobs)
+    assert [(f, res) for f, res in items] == [(jobs[0].func, True), (jobs[1].func, True),
+                                              (jobs[2].reference, True), (jobs[2].func, True)]
+    assert builds == [(0, 0), (1, 0), (3, 2), (2, 2)]
+    # vice versa: a version built first is the reference of a later job with its key
+    later = KernelJob("C", "C:v", "C", jobs[0].func, func_key(jobs[0].func), 1, operator="C")
+    items, builds = _build_items([jobs[0], later])
+    assert len(items) == 2 and builds == [(0, 0), (1, 0)]
+
+
+class _FakeKernels:
+    """``measure._load`` and ``measure._time`` of a runner without a GPU: each built kernel
+    (path, entry) writes ones to its output; ``calls`` and ``timed`` list its runs and timings
+    (a timing's result is its rank: 1.0, 2.0, ...)."""
+
+    def __init__(self):
+        self.calls, self.timed = [], []
+
+    def load(self, path):
+        kernels = self
+
+        class Lib:
+            def __getitem__(self, entry):
+                def run(*args):
+                    kernels.calls.append((path, entry))
+                    out = args[-1]
+                    out.copyfrom(np.ones([int(d) for d in out.shape], str(out.dtype)))
+                return run
+        lib = Lib()
+        lib.path = path
+        return lib
+
+    def time(self, lib, dev, args, number, repeat, entry="rammer_measured"):
+        self.timed.append((lib.path, entry))
+        return float(len(self.timed))
+
+
+def _fake_measure_device(monkeypatch):
+    """A CudaDevice with :mod:`fake_builds` build processes whose runs are the real
+    ``_run_kernel_worker`` in this process, on the CPU, with :class:`_FakeKernels`: (device,
+    kernels, the run payloads)."""
+    from tvm_rammer.tuning import measure
+
+    device = _fake_build_device(monkeypatch, build_timeout_s=120.0)
+    kernels, payloads = _FakeKernels(), []
+    monkeypatch.setattr(measure, "_load", kernels.load)
+    monkeypatch.setattr(measure, "_time", kernels.time)
+    monkeypatch.setattr(measure, "_DEFAULT_US", {})
+    monkeypatch.setattr(tvm, "cuda", tvm.cpu)
+    monkeypatch.setattr(device, "_run", lambda fn, payload, deadline=None: payloads.append(payload)
+                        or fn(payload))
+    return device, kernels, payloads
+
+
+def test_a_version_that_is_its_operators_default_kernel_is_built_and_run_once(monkeypatch):
+    """A job whose version is its operator's default kernel (key == reference_key): one kernel
+    built for both, with its resources; its run is not compared with itself and times it once
+    (its default time the same: valid, error 0). The control: a version that differs is built
+    alone and compared with its reference, each timed (the reference once for its operator)."""
+    import fake_builds
+
+    jobs = _jobs_with_default_versions()
+    device, kernels, payloads = _fake_measure_device(monkeypatch)
+    try:
+        records = device.measure_kernels(jobs, lambda n: None)
+    finally:
+        device.close()
+    assert device._count == 4 and device.batches == 2  # 4 kernels for 4 jobs (not 6)
+    b1, b2 = (os.path.join(device._dir, f"b{i}.so") for i in (1, 2))
+    e0, e1 = "rammer_measured_0000", "rammer_measured_0001"
+    assert [(p["path"], p["entry"], p["ref_path"], p["ref_entry"]) for p in payloads] == \
+        [(b1, e0, b1, e0), (b1, e1, b1, e0), (b2, e1, b2, e0), (b2, e0, b2, e0)]
+    # A:dlight timed once, A:other against it (its time cached), B's reference and B:other,
+    # B:dlight from that cache: each kernel timed once, only the other versions compared
+    assert kernels.timed == [(b1, e0), (b1, e1), (b2, e0), (b2, e1)]
+    assert kernels.calls == [(b1, e1), (b1, e0), (b2, e1), (b2, e0)]
+    assert [r["registers"] for r in records] == [fake_builds.REGISTERS] * 4
+    assert all(r["valid"] is True and r["error"] == 0.0 and r["tolerance"] > 0 for r in records)
+    assert [(r["kernel_us"], r["default_us"]) for r in records] == \
+        [(1.0, 1.0), (2.0, 1.0), (4.0, 3.0), (3.0, 3.0)]
+
+
+def test_the_record_of_a_version_that_is_its_reference_is_the_reference_record(monkeypatch):
+    """Profiler.prepare: the record of a version that is its operator's default kernel is the one
+    record under that key (the version's: valid, error 0, kernel_us == default_us), not a
+    second reference record; the control: an operator whose versions all differ from its
+    reference gets a reference record (its default time) besides its versions' records."""
+    from tvm_rammer.tuning.profile_db import JsonProfileDB
+    from tvm_rammer.tuning.profiler import Profiler
+
+    jobs = _jobs_with_default_versions()[:2]  # A: dlight (its reference) and another version
+    matmul, softmax = scheduled_kernel("matmul"), scheduled_kernel("softmax")
+    jobs.append(KernelJob(func_key(softmax), "C:other", softmax, matmul, func_key(matmul), 1,
+                          operator="C"))
+    device, kernels, _ = _fake_measure_device(monkeypatch)
+    db, puts = JsonProfileDB(), []
+    put_many = db.put_many
+    monkeypatch.setattr(db, "put_many", lambda items: puts.extend(items) or put_many(items))
+    try:
+        Profiler(db, device, "sm_90a", progress=False).prepare(jobs)
+    finally:
+        device.close()
+    written = [(key, record) for kind, key, _, record in puts if kind == "kernel"]
+    assert [key for key, _ in written] == [jobs[0].key, jobs[1].key, jobs[2].key,
+                                           jobs[2].reference_key]
+    default, other, _, reference = (record for _, record in written)
+    assert default["valid"] is True and default["error"] == 0.0 and "reference" not in default
+    assert default["kernel_us"] == default["default_us"] == other["default_us"]
+    assert reference == {"kernel_us": written[2][1]["default_us"], "valid": True, "error": 0.0,
+                         "reference": True}
+    assert db.get("kernel", jobs[0].key, device.id) == default
+
 @pytest.mark.nvcc
 def test_a_batch_whose_nvcc_fails_compiles_each_kernels_resources_alone(monkeypatch, tmp_path):
     """The batch's one ``nvcc -Xptxas -v`` fails: each kernel's resources are compiled on its own
@@ -294,10 +428,13 @@ def test_a_version_that_computes_something_else_is_invalid_and_a_right_one_valid
         right, wrong = device.measure_kernels(
             [KernelJob(func_key(add), "add:dlight", add, add, func_key(add), 1),
              KernelJob(func_key(sub), "add:sub", sub, add, func_key(add), 1)], lambda n: None)
+        built = device._count
     finally:
         device.close()
-    assert right["valid"] is True and right["error"] <= 1e-6 and right["kernel_us"] > 0
-    assert right["default_us"] > 0
+    assert built == 2  # add (the right version is its reference: one build) and sub
+    assert right["valid"] is True and right["error"] == 0.0 and right["kernel_us"] > 0
+    assert right["default_us"] == right["kernel_us"]  # the default kernel, timed once
+    assert wrong["default_us"] == right["default_us"]  # and not again as sub's reference
     assert wrong["valid"] is False and "relative error" in wrong["reason"]
 
 

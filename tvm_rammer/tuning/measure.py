@@ -35,7 +35,10 @@ Nothing here waits without a deadline, and no failure is left to poison what fol
   out makes the candidate invalid (no time), instead of ~100 timed waits of ``wait_timeout_ms``;
 - worker processes are started with a clean ``__main__`` (:func:`_clean_main`), so a user's
   script without an ``if __name__ == "__main__"`` guard is not run again in each worker;
-- versions are checked at a tolerance for their outputs' dtype (:func:`tolerance_for`).
+- versions are checked at a tolerance for their outputs' dtype (:func:`tolerance_for`);
+- a version that is its operator's default kernel (``key == reference_key``: the pipeline's
+  dlight version, most often) is built once, as one kernel of its batch, with its resources, and
+  run once: not compared with itself, timed once (its ``default_us`` is its ``kernel_us``).
 """
 from __future__ import annotations
 
@@ -244,7 +247,9 @@ def _time(lib, dev, args, number: int, repeat: int, entry: str = ENTRY) -> float
 
 
 def _run_kernel_worker(job: dict) -> dict:
-    """Check a built version against its built reference and time both (runs in the runner)."""
+    """Check a built version against its built reference and time both (runs in the runner).
+    A version whose reference is the same built kernel (``ref_path`` and ``ref_entry`` its own)
+    is TVM's default kernel: valid with error 0, timed once (:func:`_default_kernel_record`)."""
     dev = tvm.cuda(0)
     specs, num_out = job["specs"], job["num_outputs"]
     first_out = len(specs) - num_out
@@ -252,6 +257,8 @@ def _run_kernel_worker(job: dict) -> dict:
     record: dict = {}
     lib = _load(job["path"])
     entry, ref_entry = job.get("entry", ENTRY), job.get("ref_entry", ENTRY)
+    if job.get("ref_path") and (job["ref_path"], ref_entry) == (job["path"], entry):
+        return _default_kernel_record(job, lib, dev, inputs)
     version_args = [tvm.runtime.tensor(a, dev) for a in
                     inputs + _arrays(specs[first_out:], np.random.default_rng(1), {},
                                              fill_outputs_from=0)]
@@ -275,6 +282,21 @@ def _run_kernel_worker(job: dict) -> dict:
         record.update(error=None, valid=None)
     record["kernel_us"] = _time(lib, dev, version_args, job["number"], job["repeat"], entry)
     return record
+
+
+def _default_kernel_record(job: dict, lib, dev, inputs: list) -> dict:
+    """The record of a version that is its operator's default kernel (one build for both): not
+    compared with itself (valid, error 0), timed once, and that time is its ``default_us`` too
+    (the time of :data:`_DEFAULT_US` when this kernel was timed already as a reference)."""
+    specs, entry = job["specs"], job.get("entry", ENTRY)
+    outputs = specs[len(specs) - job["num_outputs"]:]
+    if (job["path"], entry) not in _DEFAULT_US:
+        args = [tvm.runtime.tensor(a, dev) for a in inputs + [np.zeros(s, d) for _, s, d in outputs]]
+        _DEFAULT_US[job["path"], entry] = _time(lib, dev, args, job["number"], job["repeat"], entry)
+    us = _DEFAULT_US[job["path"], entry]
+    return {"error": 0.0, "valid": True, "tolerance": tolerance_for([d for _, _, d in outputs],
+                                                                     job["tolerance"]),
+            "default_us": us, "kernel_us": us}
 
 
 def _empty_fault_page(specs: list, fixed: dict) -> dict:
@@ -383,6 +405,30 @@ def _lost(err: BaseException) -> bool:
     """Whether a build ended because its processes were lost (cancelled, or its pool broken)
     rather than by its own failure."""
     return isinstance(err, (cf.CancelledError, BrokenProcessPool))
+
+
+def _build_items(jobs: Sequence[KernelJob]) -> tuple:
+    """What :meth:`CudaDevice.measure_kernels` builds for ``jobs``: ``(items, builds)``, the
+    ``(func, resources)`` items in build order and, per job, ``(version item, reference item or
+    None)``. Each operator's reference comes right before its versions (the runner's first
+    (version, reference) pair waits for the fewest builds); one item per kernel key, so a version
+    that is its operator's default kernel (``key == reference_key``) is built once for both, and
+    with its resources (wanted for versions, not for references)."""
+    items: list = []
+    index: dict = {}  # kernel key -> its item
+
+    def item(func, key, resources: bool) -> int:
+        if key not in index:
+            index[key] = len(items)
+            items.append([func, resources])
+        items[index[key]][1] |= resources
+        return index[key]
+
+    builds = []
+    for job in jobs:
+        ref = None if job.reference is None else item(job.reference, job.reference_key, False)
+        builds.append((item(job.func, job.key, True), ref))
+    return [tuple(i) for i in items], builds
 
 
 def _first_line(err: BaseException) -> str:
@@ -550,25 +596,16 @@ class CudaDevice:
         deadline = deadline_in(within_s)
         if within_s is not None and within_s <= 0:
             return [None] * len(jobs)  # the budget is spent: not even a build starts
-        # each operator's reference right before its versions: the runner's first (version,
-        # reference) pair waits for the fewest builds
-        items, refs, builds = [], {}, []
-        for job in jobs:
-            if job.reference is not None and job.reference_key not in refs:
-                refs[job.reference_key] = len(items)
-                items.append((job.reference, False))
-            builds.append(len(items))
-            items.append((job.func, True))
+        items, builds = _build_items(jobs)
         members = self._submit_batches(items)
-        refs = {key: members[i] for key, i in refs.items()}
-        builds = [members[i] for i in builds]
         records, spent = [], False
-        for job, build in zip(jobs, builds):
+        for job, (build, ref) in zip(jobs, builds):
             if spent:  # the budget ran out: the rest of the batch is not measured
                 records.append(None)
                 continue
             try:
-                record = self._measure_one(job, build, refs.get(job.reference_key), deadline)
+                record = self._measure_one(job, members[build],
+                                           None if ref is None else members[ref], deadline)
             except BudgetSpent:
                 _kill(self._builder)  # abandon the batch's builds in flight
                 self._builder = None
@@ -628,7 +665,9 @@ class CudaDevice:
             LOG.info("tvm-rammer: %s does not build for the device: %s", job.label, _first_line(err))
             return {"valid": False, "error": None, "reason": f"build failed: {_first_line(err)}"}
         ref_path, ref_entry = None, ENTRY
-        if ref_build is not None:
+        if ref_build is build:  # the version is its operator's default kernel: one build, one run
+            ref_path, ref_entry = info["path"], info.get("entry", ENTRY)
+        elif ref_build is not None:
             try:
                 ref_info = self._build_result(ref_build, deadline)
                 ref_path, ref_entry = ref_info["path"], ref_info.get("entry", ENTRY)
