@@ -5,6 +5,7 @@
     python3 scripts/profile_cost.py --workers 16 alexnet  # build processes (a GPU host has 16 cores)
     python3 scripts/profile_cost.py --full --budget 60 lstm_tc  # full size, "after" within 60 s
     python3 scripts/profile_cost.py --whole squeezenet    # and the whole tvm.compile (build + nvcc)
+    python3 scripts/profile_cost.py --repeat 3 lstm_tc    # each mode 3 times, median seconds
 
 No GPU is needed: every kernel and persistent kernel the profiler asks for is really built (TVM's
 CUDA codegen and nvcc, in ``CudaDevice``'s build processes), and its run is replaced by a fake
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -144,23 +146,44 @@ print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
 MODES = ("none", "before", "after", "again")
 
 
+def _compile(name, target, mode, workers, db, budget, full, whole) -> dict:
+    """One compile of ``name`` in a fresh process: its JSON row (or ``error``)."""
+    if mode in ("before", "after") and os.path.exists(db):
+        os.remove(db)  # a first compile: a fresh database
+    out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db,
+                          budget, "1" if full else "0", "1" if whole else "0"],
+                         capture_output=True, text=True, check=False)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"model": name, "mode": mode, "error": out.stderr.strip()[-400:]}
+    return json.loads(lines[-1])
+
+
+def _median_row(runs: list) -> dict:
+    """The last of ``runs`` (rows of one mode) with the median of their seconds (``seconds``,
+    ``build_s``, ``nvcc_s``) and every run's under ``runs_s``."""
+    if any("error" in r for r in runs):
+        return next(r for r in runs if "error" in r)
+    row = dict(runs[-1])
+    for field in ("seconds", "build_s", "nvcc_s"):
+        if field in row:
+            row[field] = round(statistics.median(r[field] for r in runs), 1)
+    row["runs_s"] = [r["seconds"] for r in runs]
+    return row
+
+
 def run_model(name: str, target: str, workers: int, tmp: str, budget: str = "default",
-              full: bool = False, modes=MODES, whole: bool = False) -> dict:
+              full: bool = False, modes=MODES, whole: bool = False, repeat: int = 1) -> dict:
     """The compiles of one model (fresh processes, ``modes``); their rows by mode. ``whole``: each
-    also finishes as ``tvm.compile`` does on a GPU host (``build_s`` + ``nvcc_s`` in its row)."""
+    also finishes as ``tvm.compile`` does on a GPU host (``build_s`` + ``nvcc_s`` in its row).
+    ``repeat``: each mode compiled that many times in a row (a first compile each time on a fresh
+    database, the second compiles on the last first compile's), its seconds the median."""
     rows = {}
     for mode in modes:
         db = os.path.join(tmp, f"{name}-{'before' if mode == 'before' else 'after'}.json")
-        if mode in ("before", "after") and os.path.exists(db):
-            os.remove(db)
-        out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db,
-                              budget, "1" if full else "0", "1" if whole else "0"],
-                             capture_output=True, text=True, check=False)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-        if out.returncode != 0 or not lines:
-            rows[mode] = {"model": name, "mode": mode, "error": out.stderr.strip()[-400:]}
-        else:
-            rows[mode] = json.loads(lines[-1])
+        runs = [_compile(name, target, mode, workers, db, budget, full, whole)
+                for _ in range(repeat if mode != "before" else 1)]
+        rows[mode] = _median_row(runs)
         print(json.dumps(rows[mode]), flush=True)
     return rows
 
@@ -212,6 +235,9 @@ def main(argv=None) -> int:
     parser.add_argument("--whole", action="store_true",
                         help="finish each compile as tvm.compile does on a GPU host (the build, "
                              "then nvcc on its CUDA source) and also tabulate those seconds")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="compile each mode this many times ('before' once) and report the "
+                             "median seconds (a second compile takes ~1 s: one run is noise)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     args = parser.parse_args(argv)
@@ -219,8 +245,10 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= set(MODES) or "none" not in modes:
         parser.error(f"--modes: a subset of {','.join(MODES)} that includes 'none'")
+    if args.repeat < 1:
+        parser.error("--repeat: at least 1")
     results = {name: run_model(name, args.target, args.workers, args.tmp, args.budget, args.full,
-                               modes, args.whole) for name in args.models}
+                               modes, args.whole, args.repeat) for name in args.models}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
