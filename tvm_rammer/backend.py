@@ -55,6 +55,7 @@ from .timings import TIMINGS_ATTR
 from .tuning.deferred import LateVersionError, func_if_made
 from .tuning.measure import KernelJob
 from .tuning.profiler import Profiler, plan_key
+from .tuning import versions as tuning_versions
 from .tuning.versions import func_key, kernel_versions, unscheduled_funcs
 from .tuning.version_pool import VersionRequest, make_versions_in_pool
 
@@ -202,11 +203,50 @@ def _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database) 
     return make_versions_in_pool(requests, pool, submit, within_s=600.0 if left is None else left)
 
 
-def _candidates(graph, mod, target, config, profiler, skipped):
+def _small_operators(operators: dict, mod, stash: dict, rk_target, config, vdevice, records) -> tuple:
+    """(the names of the operators too small for their choice to matter, name -> its dlight
+    version prelowered here), for a compile whose profiler has a margin (with a device, or
+    reading a database).
+
+    ``profiler.decisive_jobs`` measures nothing of an operator whose dlight version is predicted
+    under ``MIN_SHARE`` of the summed dlight predictions of all operators; its other versions, with
+    no measured time, are never chosen either, so making them (scheduling and prelowering ~10
+    versions) is wasted. This finds those operators first, with the same predictions
+    (``_predictor``'s, of each dlight version that prelowers and fits a vEU): from an operator's
+    record when it has one (checked again when the record is used), else by prelowering its dlight
+    version (returned, so that it is not lowered twice). ``operators``: name -> node."""
+    from .tuning.profiler import MIN_SHARE
+
+    base_us, lowered = {}, {}
+    for name, node in operators.items():
+        scheduled = mod[node.gvar]
+        recorded = records.base_us(scheduled, stash[name]) \
+            if (records is not None and name in stash) else None
+        if recorded is not None:
+            base_us[name] = recorded
+            continue
+        try:
+            lowered[name] = tuning_versions.prelower(scheduled, rk_target, name=name)
+        except UnsupportedKernel:
+            continue
+        if early_exit_problem(lowered[name], config.max_rtask_threads):
+            continue
+        try:
+            flops, nbytes = rkernels.flops_and_bytes(scheduled)
+            base_us[name] = rkernels.predicted_kernel_us(flops, nbytes, lowered[name], config, vdevice)
+        except Exception:  # pylint: disable=broad-except  (no prediction: measured as before)
+            continue
+    total = sum(us for us in base_us.values() if us)
+    small = {name for name, us in base_us.items() if us is not None and us < MIN_SHARE * total}
+    return small, lowered
+
+
+def _candidates(graph, mod, target, config, profiler, skipped, vdevice=None):
     """name -> _Candidate for every distinct placeable PrimFunc; the unplaceable ones go to skipped.
 
     Versions other than the pipeline's dlight schedule are made only when the profiler can measure
-    them or has records to read: without measured times they could never be chosen. An operator
+    them or has records to read: without measured times they could never be chosen; with a
+    margin, not for an operator too small to be measured (``_small_operators``). An operator
     with a usable operator record (``tuning.operator_record``) gets only the versions a choice
     or a measurement can use; the others take the full path, and with a device have their record
     written."""
@@ -228,19 +268,24 @@ def _candidates(graph, mod, target, config, profiler, skipped):
             return True
         return False
 
-    found, pending = {}, {}
+    operators = {}
     for node in graph.nodes:
         if node.kind == "alias":
             continue
         if not node.placeable:
             skipped[node.index] = node.reason
             continue
-        name = node.gvar.name_hint
-        if name in found or name in pending:
-            continue
-        others = config.versions and not out_of_budget(name, config.versions)
-        reused = records.made(name, mod[node.gvar], stash[name]) \
-            if (records is not None and others and name in stash) else None
+        operators.setdefault(node.gvar.name_hint, node)
+    small, base_lowered = set(), {}
+    if config.versions and stash and vdevice is not None and profiler.margin is not None \
+            and database is None and not config.emulate_versions:
+        small, base_lowered = _small_operators(operators, mod, stash, rk_target, config, vdevice,
+                                               records)
+    found, pending = {}, {}
+    for name, node in operators.items():
+        others = config.versions and name not in small and not out_of_budget(name, config.versions)
+        reused = records.made(name, mod[node.gvar], stash[name], dlight_only=name in small) \
+            if (records is not None and (others or name in small) and name in stash) else None
         if reused is not None:
             found[name] = _Candidate(name, node, reused.versions, reused.reference, reused.reference_key)
             continue
@@ -253,7 +298,8 @@ def _candidates(graph, mod, target, config, profiler, skipped):
         try:
             versions = here.versions if here is not None else kernel_versions(
                 name, rk_target, scheduled=mod[node.gvar],
-                unscheduled=stash.get(name) if others else None, database=database)
+                unscheduled=stash.get(name) if others else None, database=database,
+                scheduled_lowered=base_lowered.get(name))
         except Exception as err:  # pylint: disable=broad-except  (one operator's failure is its own)
             LOG.info("tvm-rammer: no rKernel version of %s: %s", name, str(err).splitlines()[0])
             versions = []
@@ -263,8 +309,9 @@ def _candidates(graph, mod, target, config, profiler, skipped):
             ref = here.reference if here is not None else schedule_like_default(stash[name], plain)
             if ref is not None:
                 found[name].reference, found[name].reference_key = ref, func_key(ref)
-        if records is not None and others and name in stash:
-            records.note(name, mod[node.gvar], stash[name], versions, found[name].reference_key)
+        if records is not None and (others or name in small) and name in stash:
+            records.note(name, mod[node.gvar], stash[name], versions, found[name].reference_key,
+                         dlight_only=name in small)
     return found
 
 
@@ -329,7 +376,7 @@ def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, v
                       profiler: Profiler):
     """(rOperators by node index, skipped node index -> reason), every version measured first."""
     skipped: dict = {}
-    candidates = _candidates(graph, mod, target, config, profiler, skipped)
+    candidates = _candidates(graph, mod, target, config, profiler, skipped, vdevice)
     predict = _predictor(mod, config, vdevice) if (profiler.measures and config.profile_margin) else None
     profiler.prepare(_jobs(candidates, predict))
     if config.emulate_versions:

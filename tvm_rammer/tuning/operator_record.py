@@ -180,13 +180,27 @@ class OperatorRecords:
         return operator_key(unscheduled, scheduled, self.target, self.plain, self.config, self.vdevice,
                             self.makers)
 
-    def made(self, name: str, scheduled, unscheduled) -> Reused | None:
+    def base_us(self, scheduled, unscheduled) -> float | None:
+        """The analytical time of the operator's dlight version its record holds (what the
+        profiler weighed when the record was written), or None: no record, or none recorded.
+        :meth:`made` checks it against a fresh prediction before any of it is used."""
+        record = self.profiler.operator_record(self.key(scheduled, unscheduled))
+        if record is None or record.get("format") != FORMAT:
+            return None
+        base = next((v for v in record.get("versions") or () if v.get("name") == PIPELINE_VERSION),
+                    None)
+        return None if base is None else base.get("predicted_us")
+
+    def made(self, name: str, scheduled, unscheduled, dlight_only: bool = False) -> Reused | None:
         """The operator's needed versions made from its record (see the module docstring), or
-        None: no usable record, or anything inconsistent (the caller takes the full path)."""
+        None: no usable record, or anything inconsistent (the caller takes the full path).
+        ``dlight_only``: the operator is one whose other versions are not made
+        (``backend._small_operators``): only the pipeline's dlight version is needed. A record
+        written for such an operator (it names no other version) is used only so."""
         from .profiler import MAX_VERSIONS
 
         try:
-            reused = self._made(name, scheduled, unscheduled, MAX_VERSIONS)
+            reused = self._made(name, scheduled, unscheduled, MAX_VERSIONS, dlight_only)
         except Exception as err:  # pylint: disable=broad-except  (the full path decides then)
             LOG.info("tvm-rammer: %s: operator record not used (%s: %s)", name, type(err).__name__,
                      str(err).splitlines()[0] if str(err) else "")
@@ -194,13 +208,17 @@ class OperatorRecords:
         self.counts["reused" if reused is not None else "full"] += 1
         return reused
 
-    def _made(self, name, scheduled, unscheduled, max_versions) -> Reused | None:
+    def _made(self, name, scheduled, unscheduled, max_versions, dlight_only=False) -> Reused | None:
         record = self.profiler.operator_record(self.key(scheduled, unscheduled))
-        if record is None:
-            return None
+        if record is None or (record.get("dlight_only") and not dlight_only):
+            return None  # a record of the dlight version alone, now that others are wanted
         profiler = self.profiler
-        found = needed_versions(record, profiler.has_kernel_record, profiler.measures,
-                                profiler.margin, max_versions)
+        if dlight_only:
+            base = [v for v in record.get("versions") or () if v.get("name") == PIPELINE_VERSION]
+            found = (base, False) if base and record.get("format") == FORMAT else None
+        else:
+            found = needed_versions(record, profiler.has_kernel_record, profiler.measures,
+                                    profiler.margin, max_versions)
         if found is None:
             return None
         entries, measurable = found
@@ -253,9 +271,11 @@ class OperatorRecords:
             raise LateVersionError(f"{name}: TVM's default kernel is not the recorded one")
         return reference
 
-    def note(self, name: str, scheduled, unscheduled, versions, reference_key) -> None:
+    def note(self, name: str, scheduled, unscheduled, versions, reference_key,
+             dlight_only: bool = False) -> None:
         """After the full path: the profiler writes ``name``'s record once it has measured (only
-        with a device, and only for an operator whose every version was made)."""
+        with a device, and only for an operator whose every version was made, or, with
+        ``dlight_only``, whose only version is the pipeline's by that rule)."""
         if not self.profiler.measures or not versions \
                 or not any(v.name == PIPELINE_VERSION for v in versions):
             return
@@ -265,4 +285,5 @@ class OperatorRecords:
             LOG.info("tvm-rammer: %s: no operator record (%s)", name, err)
             return
         self.profiler.note_operator(name, key, [(v.name, v.source, v.key, lowered_fields(v.lowered))
-                                                for v in versions], reference_key)
+                                                for v in versions], reference_key,
+                                    dlight_only=dlight_only)

@@ -434,13 +434,15 @@ class Profiler:
         record = self._lookup("kernel", key)[0]
         return record is not None and not is_failure(record)
 
-    def note_operator(self, operator: str, key: str, versions: Sequence, reference_key) -> None:
+    def note_operator(self, operator: str, key: str, versions: Sequence, reference_key,
+                      dlight_only: bool = False) -> None:
         """Write ``operator``'s record under ``key`` once :meth:`prepare` has measured (with a
         device only): ``versions`` are (name, source, func_key, launch fields:
         ``deferred.lowered_fields``) of every version made, in order;
-        their predicted times come from :meth:`prepare`'s jobs."""
+        their predicted times come from :meth:`prepare`'s jobs; ``dlight_only``: only the
+        pipeline's version was made (the record says so: ``operator_record``)."""
         if self.device is not None:
-            self._operators[operator] = (key, list(versions), reference_key)
+            self._operators[operator] = (key, list(versions), reference_key, dlight_only)
 
     def _write_operators(self, jobs: Sequence[KernelJob]) -> None:
         """The records of the operators noted (see ``operator_record``), written when new or
@@ -449,7 +451,7 @@ class Profiler:
             return
         predicted = {(job.operator, job.key): job.predicted_us for job in jobs}
         items = []
-        for operator, (key, versions, reference_key) in self._operators.items():
+        for operator, (key, versions, reference_key, dlight_only) in self._operators.items():
             entries = [{"name": name, "source": source, "key": vkey, "lowered": fields,
                         "predicted_us": predicted.get((operator, vkey))}
                        for name, source, vkey, fields in versions]
@@ -460,6 +462,8 @@ class Profiler:
             record = {"format": OPERATOR_FORMAT, "operator": operator, "versions": entries,
                       "reference_key": reference_key,
                       "measured": sorted(measured), "fastest": min(timed, key=timed.get) if timed else None}
+            if dlight_only:
+                record["dlight_only"] = True
             if self._lookup(OPERATOR_KIND, key)[0] != record:
                 items.append((OPERATOR_KIND, key, self.device.id, record))
         self._operators = {}

@@ -305,13 +305,15 @@ def named_versions(name: str, target: tvm.target.Target, wanted, *, scheduled: t
 
 def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.PrimFunc | None = None,
                     unscheduled: tirx.PrimFunc | None = None, database=None,
-                    options: VersionOptions = VersionOptions()) -> list[KernelVersion]:
+                    options: VersionOptions = VersionOptions(),
+                    scheduled_lowered: LoweredKernel | None = None) -> list[KernelVersion]:
     """Distinct prelowered versions of one operator (see the module docstring for the order).
 
     ``scheduled`` is the pipeline's dlight schedule (kept first among the dlight ones), ``unscheduled``
     the PrimFunc before dlight (None: no other version can be made), ``database`` a MetaSchedule
     database or None. Versions ``prelower`` rejects are dropped with a logged reason; the result may be
-    empty when every version is rejected.
+    empty when every version is rejected. ``scheduled_lowered``: ``scheduled`` prelowered already
+    (by the caller, for the same ``target``), not lowered again.
     """
     candidates = []
     if unscheduled is not None:
@@ -334,7 +336,8 @@ def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.Pri
         if not is_default and bound_launch(func) in shapes:
             continue  # an earlier version has its launch shape: lowering it would only drop it
         try:
-            lowered = prelower(func, target, name=name)
+            lowered = scheduled_lowered if (is_default and scheduled_lowered is not None) \
+                else prelower(func, target, name=name)
         except UnsupportedKernel as err:
             LOG.info("tvm-rammer: %s version %s dropped: %s", name, vname, err)
             continue
