@@ -7,9 +7,11 @@
     python3 scripts/profile_cost.py --whole squeezenet    # and the whole tvm.compile (build + nvcc)
     python3 scripts/profile_cost.py --repeat 3 lstm_tc    # each mode 3 times, median seconds
 
-No GPU is needed: every kernel and persistent kernel the profiler asks for is really built (TVM's
-CUDA codegen and nvcc, in ``CudaDevice``'s build processes), and its run is replaced by a fake
-timing (``SimulatedDevice``: a deterministic time per built kernel, every version valid), so the
+No GPU is needed: every kernel and persistent kernel the profiler asks for is really built as a
+GPU host builds it (TVM's CUDA codegen, then nvcc on the module's CUDA source with TVM's nvcc
+command: ``CudaDevice(compile_source=True)``, in its build processes; without it a CPU machine's
+TVM keeps the source and compiles nothing), and its run is replaced by a fake timing
+(``SimulatedDevice``: a deterministic time per built kernel, every version valid), so the
 seconds are the builds' and the pipeline's, as on a GPU host minus the runs themselves (each run is
 ~20-100 short launches: milliseconds). Each model (its reduced size, ``models.REDUCED``) is lowered
 in a fresh process, four ways:
@@ -62,7 +64,7 @@ class SimulatedDevice(measure.CudaDevice):
     # real builds (CudaDevice's), fake runs: a deterministic time per built kernel
     def __init__(self, target, workers):
         super().__init__(LocalGPU(None, DeviceId("Simulated H100", "sm_90a", "0")), target,
-                         build_workers=workers)
+                         build_workers=workers, compile_source=True)
         self.rprogram_builds = 0
 
     def _run(self, fn, *args, deadline=None):
@@ -124,14 +126,13 @@ seconds = time.perf_counter() - start
 finish = {}
 if whole == "1":  # the rest of tvm.compile on a GPU host: the build, then the CUDA source compiled
     import tvm
-    from tir_templates.cuda_resources import compile_cuda_resources
-    from tvm_rammer.target import target_arch
+    from tvm_rammer.host.cuda_compile import nvcc_with_log
     begin = time.perf_counter()
     ex = tvm.compile(lowered, target=target, relax_pipeline=None)
     finish["build_s"] = round(time.perf_counter() - begin, 1)
     begin = time.perf_counter()
     for source in [m.inspect_source() for m in ex.mod.imports[0].imports if m.kind == "cuda"]:
-        compile_cuda_resources(str(source), target_arch(target))  # nvcc, as TVM's nvcc mode
+        nvcc_with_log(str(source), target)  # TVM's nvcc mode's own command
     finish["nvcc_s"] = round(time.perf_counter() - begin, 1)
 print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
                   "kernel_builds": device._count - device.rprogram_builds if device else 0,

@@ -14,14 +14,16 @@ def ready() -> bool:
     return True
 
 
-def build(mod_json: str, target_spec: dict, path: str, resources: bool) -> dict:
+def build(mod_json: str, target_spec: dict, path: str, resources: bool,
+          compile_source: bool = False) -> dict:
     """measure._build_worker's stand-in: one kernel "built" at ``path``."""
     if HANG in mod_json:
         time.sleep(600)
     return {"path": path, "entry": "rammer_measured", **({"registers": REGISTERS} if resources else {})}
 
 
-def batch_build(mod_json: str, target_spec: dict, path: str, resources: list) -> list:
+def batch_build(mod_json: str, target_spec: dict, path: str, resources: list,
+                compile_source: bool = False) -> list:
     """measure._batch_build_worker's stand-in: each entry of the batch "built" at ``path``."""
     if HANG in mod_json:
         time.sleep(600)

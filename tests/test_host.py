@@ -206,3 +206,42 @@ def test_doctor_reports_the_rocm_toolchain_and_how_to_install_it(monkeypatch):
         pytest.skip(f"no ROCm toolchain here ({found})")
     present = doctor._rocm_check()
     assert present.status == "ok" and found.ld_lld in present.detail
+
+
+def test_the_nvcc_command_that_keeps_its_log_is_tvms_own(monkeypatch, tmp_path):
+    """cuda_compile.tvm_nvcc_command is the command TVM's nvcc mode runs (captured from
+    tvm.support.nvcc with its subprocess replaced), for the same source and output paths."""
+    import subprocess
+
+    import tvm
+    from tvm.support import nvcc as tvm_nvcc
+
+    from tvm_rammer.host import cuda_compile
+
+    seen = []
+
+    class Recorded:
+        def __init__(self, cmd, **kwargs):
+            seen.append(list(cmd))
+            out = cmd[cmd.index("-o") + 1]
+            with open(out, "wb") as f:
+                f.write(b"fatbin")
+            self.returncode = 0
+
+        def communicate(self):
+            return b"", b""
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    out = str(tmp_path / "k.fatbin")
+    with target:
+        tvm_nvcc.compile_cuda("__global__ void k() {}", target_format="fatbin", compiler="nvcc",
+                              path_target=out)
+    (tvms,) = seen
+    ours = cuda_compile.tvm_nvcc_command(tvms[-1], out, target)
+    assert ours == tvms
+    monkeypatch.setenv("TVM_CUDA_NVCC_NO_FAST_MATH", "1")  # an option TVM reads: followed too
+    with target:
+        tvm_nvcc.compile_cuda("__global__ void k() {}", target_format="fatbin", compiler="nvcc",
+                              path_target=out)
+    assert cuda_compile.tvm_nvcc_command(seen[-1][-1], out, target) == seen[-1] != tvms

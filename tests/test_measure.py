@@ -392,6 +392,68 @@ def test_a_batch_whose_nvcc_fails_compiles_each_kernels_resources_alone(monkeypa
     assert "nvcc failed" in one_fails[1]["resources_error"] and "registers" not in one_fails[1]
 
 
+class _Nvcc:
+    """Counts the nvcc runs of a build: the module's own (``cuda_compile.nvcc_with_log``, what a
+    GPU host's build runs with nvcc) and the separate resource compiles."""
+
+    def __init__(self, monkeypatch):
+        from tir_templates import cuda_resources
+        from tvm_rammer.host import cuda_compile
+
+        self.module, self.resources = 0, 0
+        with_log, per_kernel, alone = (cuda_compile.nvcc_with_log,
+                                       cuda_resources.compile_cuda_resources_per_kernel,
+                                       cuda_resources.compile_cuda_resources)
+
+        def module(*args):
+            self.module += 1
+            return with_log(*args)
+
+        def resources(compile_):
+            def counted(*args):
+                self.resources += 1
+                return compile_(*args)
+            return counted
+
+        monkeypatch.setattr(cuda_compile, "nvcc_with_log", module)
+        monkeypatch.setattr(cuda_resources, "compile_cuda_resources_per_kernel", resources(per_kernel))
+        monkeypatch.setattr(cuda_resources, "compile_cuda_resources", resources(alone))
+
+
+@pytest.mark.nvcc
+def test_a_batch_compiled_as_on_a_gpu_host_reads_its_resources_from_that_one_nvcc_run(
+        monkeypatch, tmp_path):
+    """With its module compiled as a GPU host compiles it (TVM's nvcc command, ptxas -v among its
+    flags), a batch's resources come from that nvcc run: one nvcc per batch, not two. Control:
+    without the module compile (TVM keeps the source on this CPU machine), one resource compile."""
+    from tvm_rammer.tuning import measure
+
+    names = ["rammer_measured_0000", "rammer_measured_0001", "rammer_measured_0002"]
+    kernels = [scheduled_kernel(m) for m in ("matmul", "gemv", "add")]
+    mod = tvm.IRModule({n: k.with_attr("global_symbol", n) for n, k in zip(names, kernels)})
+    device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90")), TARGET)
+    device.close()
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")  # as gpu_check.sh: nvcc is the compiler
+    nvcc = _Nvcc(monkeypatch)
+    once = measure._batch_build_worker(tvm.ir.save_json(mod), device._target_spec,
+                                       str(tmp_path / "once.so"), names[:2], True)
+    assert (nvcc.module, nvcc.resources) == (1, 0)
+    assert [g["registers"] > 0 for g in once[:2]] == [True, True] and "registers" not in once[2]
+    assert all(g["spills"] == 0 and g["shared_bytes"] >= 0 for g in once[:2])
+    before = measure._batch_build_worker(tvm.ir.save_json(mod), device._target_spec,
+                                         str(tmp_path / "source.so"), names[:2])
+    assert (nvcc.module, nvcc.resources) == (1, 1)  # the control: TVM compiled nothing here
+    assert [b["registers"] > 0 for b in before[:2]] == [True, True]
+    one = measure._build_worker(tvm.ir.save_json(tvm.IRModule({measure.ENTRY: kernels[0].with_attr(
+        "global_symbol", measure.ENTRY)})), device._target_spec, str(tmp_path / "one.so"), True, True)
+    assert (nvcc.module, nvcc.resources) == (2, 1) and one["registers"] > 0
+    # where NVRTC is the compiler, its build keeps no log: the resources are compiled apart
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvrtc")
+    nvrtc = measure._batch_build_worker(tvm.ir.save_json(mod), device._target_spec,
+                                        str(tmp_path / "nvrtc.so"), names[:2])
+    assert (nvcc.module, nvcc.resources) == (2, 2) and nvrtc[0]["registers"] > 0
+
+
 @pytest.mark.nvcc
 def test_an_operators_versions_and_its_reference_build_whole_as_one_library():
     """The batches measure_kernels makes hold an operator's versions with TVM's default kernel for

@@ -32,7 +32,8 @@ import subprocess
 from dataclasses import dataclass
 
 __all__ = ["CompilerChoice", "compiler_choice", "nvrtc_status", "nvcc_status",
-           "tvm_builds_cuda", "compile_callback", "install", "NO_COMPILER"]
+           "tvm_builds_cuda", "compile_callback", "install", "NO_COMPILER", "nvcc_keeps_log",
+           "tvm_nvcc_command", "nvcc_with_log"]
 
 CALLBACK = "tvm_callback_cuda_compile"
 ENV = "TVM_CUDA_COMPILE_MODE"
@@ -117,6 +118,59 @@ def compile_callback(code, *args):
     if choice.compiler == "nvcc":
         return nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc")
     raise RuntimeError(f"cannot compile CUDA: {NO_COMPILER}")
+
+
+# TVM's nvcc mode options that change its command (tvm/support/nvcc.py): where one is set, a build
+# compiles through TVM's own callback and the log is not kept (nvcc_with_log is not used)
+_NVCC_OPTION_ENVS = ("TVM_KERNEL_DUMP", "TVM_KERNEL_DEBUG")
+
+
+def nvcc_keeps_log() -> bool:
+    """Whether :func:`nvcc_with_log` compiles exactly as this process's CUDA builds do: nvcc is
+    the compiler (:func:`compiler_choice`) and no TVM option changes its command."""
+    return compiler_choice().compiler == "nvcc" and not any(os.environ.get(e) for e in _NVCC_OPTION_ENVS)
+
+
+def tvm_nvcc_command(source_path: str, output_path: str, target) -> list:
+    """The nvcc command TVM's nvcc mode runs on a module's CUDA source (``tvm.support.nvcc``'s
+    ``_compile_cuda_nvcc`` with ``target_format="fatbin"``, for ``target``'s arch): the same
+    flags, ptxas's ``-v`` among them (tests/test_host.py compares it with TVM's own)."""
+    from tvm.support import nvcc
+
+    arch = str(target.attrs.get("arch", "")) if target is not None else ""
+    suffix = arch[3:] if arch.startswith("sm_") else "".join(nvcc.get_target_compute_version(target).split("."))
+    return ["nvcc", "--fatbin", "-O3", "-gencode", f"arch=compute_{suffix},code=sm_{suffix}",
+            "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+            "--expt-relaxed-constexpr", "--expt-extended-lambda",
+            *([] if os.environ.get("TVM_CUDA_NVCC_NO_FAST_MATH") else ["--use_fast_math"]),
+            f"--ptxas-options={','.join(nvcc._ptxas_option_flags())}",  # pylint: disable=protected-access
+            "-o", output_path, source_path]
+
+
+def nvcc_with_log(code: str, target) -> tuple:
+    """``(fatbin, nvcc's output)`` of CUDA ``code`` compiled by :func:`tvm_nvcc_command`: the
+    binary TVM's nvcc mode makes and ptxas's ``-v`` lines for each kernel (registers, shared
+    memory, spills: ``tir_templates.cuda_resources.parse_ptxas_functions``), from one nvcc run
+    instead of one for the module and another for its resources. RuntimeError with nvcc's output
+    when it fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rammer_nvcc_") as work:
+        src, out = os.path.join(work, "tvm_kernels.cu"), os.path.join(work, "tvm_kernels.fatbin")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write(code)
+        cmd = tvm_nvcc_command(src, out, target)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({proc.returncode}):\n{log}\nreproduce with: {' '.join(cmd)}")
+        with open(out, "rb") as f:
+            binary = bytearray(f.read())
+    if not binary:
+        raise RuntimeError("nvcc made an empty binary")
+    return binary, log
 
 
 def install() -> None:

@@ -146,17 +146,77 @@ def param_specs(func: tirx.PrimFunc) -> list:
 
 # --- worker side (separate processes; plain data in and out) -------------------------------------
 
-def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool) -> dict:
+@contextlib.contextmanager
+def _compiles(target):
+    """While a worker builds: the nvcc logs (ptxas's ``-v`` lines) of the module compiles, as a
+    list the body reads after the build.
+
+    Where nvcc is how this host compiles CUDA (``host.cuda_compile.nvcc_keeps_log``), TVM's compile
+    callback (``tvm_callback_cuda_compile``, which a build calls on a GPU host) compiles with TVM's
+    own nvcc command and keeps its output (``nvcc_with_log``): the registers of a kernel are then
+    read from the compile that makes it, and a batch needs no second nvcc run for them. A module
+    TVM kept uncompiled (a host without the NVIDIA driver) can be compiled so after the build
+    (:func:`_compile_kept_source`), as a GPU host's build compiles it: what profile_cost.py
+    measures building costs with (``CudaDevice(compile_source=True)``)."""
+    import tvm_ffi
+
+    from ..host import cuda_compile
+
+    logs: list = []
+    if not cuda_compile.nvcc_keeps_log():
+        yield logs
+        return
+    real = tvm_ffi.get_global_func(cuda_compile.CALLBACK, allow_missing=True)
+
+    def compile_with_log(code, *_):
+        binary, log = cuda_compile.nvcc_with_log(str(code), target)
+        logs.append(log)
+        return binary
+
+    tvm_ffi.register_global_func(cuda_compile.CALLBACK, compile_with_log, override=True)
+    try:
+        yield logs
+    finally:
+        if real is not None:
+            tvm_ffi.register_global_func(cuda_compile.CALLBACK, real, override=True)
+
+
+def _compile_kept_source(lib, logs: list, target) -> None:
+    """A GPU host's compile of ``lib``'s CUDA source, where TVM kept it uncompiled (no CUDA
+    runtime here) and nothing compiled it during the build (``logs`` empty)."""
+    import tvm_ffi
+
+    from ..host import cuda_compile
+    from ..resources import module_cuda_source
+
+    if logs or cuda_compile.tvm_builds_cuda():
+        return
+    with target:
+        tvm_ffi.get_global_func(cuda_compile.CALLBACK)(module_cuda_source(lib))
+
+
+def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool,
+                  compile_source: bool = False) -> dict:
     """Build ``mod_json`` (a TIR IRModule of one kernel, :data:`ENTRY`) for the target and export
     it to ``path``: ``{"path", "entry"}`` and, with ``resources``, its registers, shared bytes and
-    spills (or ``resources_error``)."""
+    spills (or ``resources_error``): from the build's own nvcc run where it kept its log
+    (:func:`_compiles`), else from a compile of its CUDA source. ``compile_source``: see
+    :func:`_compiles`."""
+    from tir_templates.cuda_resources import parse_ptxas_info
+
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json(mod_json)
-    lib = tvm.tirx.build(mod, target)
+    with _compiles(target) as logs:
+        lib = tvm.tirx.build(mod, target)
+        if compile_source:
+            _compile_kept_source(lib, logs, target)
     lib.export_library(path)
     info = {"path": path, "entry": ENTRY}
     if resources:
-        info.update(_resources(lambda: lib, target))
+        try:
+            info.update(parse_ptxas_info(logs[-1]) if logs else _resources(lambda: lib, target))
+        except Exception:  # pylint: disable=broad-except  (a log without the lines: compile them)
+            info.update(_resources(lambda: lib, target))
     return info
 
 
@@ -174,17 +234,23 @@ def _resources(build, target) -> dict:
         return {"resources_error": str(err).splitlines()[0] if str(err) else type(err).__name__}
 
 
-def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: list) -> list:
+def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: list,
+                        compile_source: bool = False) -> list:
     """Build the kernels of ``mod_json`` (entry name -> PrimFunc) into one library at ``path``:
-    one TVM build, one link and, for the entries in ``resources``, one ``nvcc -Xptxas -v`` for all.
-    One item per entry (in sorted name order): ``{"path", "entry", registers...}``. A batch that
-    does not build raises: the host then builds each of its kernels as its own job
-    (:meth:`CudaDevice._member_result`). When the one nvcc run fails, each kernel's resources are
-    compiled on its own (:func:`_own_resources`): each keeps its resources or its own error."""
+    one TVM build, one link and one nvcc run: the resources of the entries in ``resources`` are
+    read from the build's own nvcc log where it kept one (:func:`_compiles`), else from one
+    ``nvcc -Xptxas -v`` of the module's source for all. One item per entry (in sorted name order):
+    ``{"path", "entry", registers...}``. A batch that does not build raises: the host then builds
+    each of its kernels as its own job (:meth:`CudaDevice._member_result`). When that nvcc run
+    fails, each kernel's resources are compiled on its own (:func:`_own_resources`): each keeps
+    its resources or its own error. ``compile_source``: see :func:`_compiles`."""
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json(mod_json)
     names = sorted(gv.name_hint for gv in mod.get_global_vars())
-    lib = tvm.tirx.build(mod, target)
+    with _compiles(target) as logs:
+        lib = tvm.tirx.build(mod, target)
+        if compile_source:
+            _compile_kept_source(lib, logs, target)
     lib.export_library(path)
     items = [{"path": path, "entry": name} for name in names]
     if resources:
@@ -193,8 +259,9 @@ def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: 
         from ..resources import module_cuda_source
 
         try:
-            found = cuda_resources.compile_cuda_resources_per_kernel(module_cuda_source(lib),
-                                                                     target_arch(target))
+            found = cuda_resources.parse_ptxas_functions(logs[-1]) if logs else \
+                cuda_resources.compile_cuda_resources_per_kernel(module_cuda_source(lib),
+                                                                 target_arch(target))
         except Exception:  # pylint: disable=broad-except  (one kernel's nvcc error: each alone)
             found = None
         for item in items:
@@ -450,6 +517,9 @@ class CudaDevice:
     build_timeout_s, run_timeout_s: the longest wait for one build, one run job (a version and its
         reference checked and timed, or a persistent kernel's warm-up and timing); past it the job
         is a failure and its worker is killed.
+    compile_source: compile every built module's CUDA source even where TVM keeps it uncompiled
+        (a host without the NVIDIA driver), as a GPU host's build compiles it: to measure on a CPU
+        what building costs on a GPU host (scripts/profile_cost.py); a GPU host compiles anyway.
     batch_size: the most kernels of :meth:`measure_kernels` built together (one TVM build, one
         link and one nvcc run per batch; the kernels of a batch that fails or times out are then
         built each as a job of its own).
@@ -458,7 +528,7 @@ class CudaDevice:
     def __init__(self, gpu: LocalGPU, target: tvm.target.Target, build_workers: int | None = None,
                  number: int = 20, repeat: int = 5, tolerance: float = KERNEL_TOLERANCE,
                  build_timeout_s: float = 600.0, run_timeout_s: float = 120.0,
-                 batch_size: int = 8):
+                 batch_size: int = 8, compile_source: bool = False):
         self.id = gpu.id
         self._target_spec = target_spec(target)
         self._workers = max(1, min(build_workers or os.cpu_count() or 1, 16))
@@ -470,6 +540,7 @@ class CudaDevice:
         self._count = 0  # kernels submitted for building
         self.batches = 0  # build jobs (a batch of kernels each, or one persistent kernel)
         self.batch_size = batch_size
+        self.compile_source = compile_source
 
     # processes
     def _build_pool(self) -> cf.ProcessPoolExecutor:
@@ -588,7 +659,7 @@ class CudaDevice:
         path = os.path.join(self._dir, f"k{self._count}.so")
         mod = tvm.IRModule({ENTRY: func.with_attr("global_symbol", ENTRY)})
         return _submit(self._build_pool(), _build_worker, tvm.ir.save_json(mod), self._target_spec,
-                       path, resources)
+                       path, resources, self.compile_source)
 
     # MeasureDevice
     def measure_kernels(self, jobs: Sequence[KernelJob], progress: Callable[[int], None],
@@ -653,7 +724,8 @@ class CudaDevice:
         names = [f"{ENTRY}_{i:04d}" for i in range(len(chunk))]
         mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, (f, _) in zip(names, chunk)})
         return _submit(self._build_pool(), _batch_build_worker, tvm.ir.save_json(mod),
-                       self._target_spec, path, [n for n, (_, res) in zip(names, chunk) if res])
+                       self._target_spec, path, [n for n, (_, res) in zip(names, chunk) if res],
+                       self.compile_source)
 
     def _measure_one(self, job: KernelJob, build, ref_build, deadline: float | None = None) -> dict | None:
         """One job's record; :class:`BudgetSpent` when ``deadline`` passes before it is measured."""
