@@ -469,17 +469,30 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
 
 def _plan_timer(graph, op_graph, config, vdevice, target, profiler):
     """``build_and_time(plan)``: the measured time (us) of a plan's persistent kernel (compile-time
-    profiling of whole rPrograms, paper 3.2), or None without a device."""
+    profiling of whole rPrograms, paper 3.2), or None without a device. Its ``start_build(plan)``
+    makes the plan's code and starts its build on the device (``Profiler.prebuild``): the
+    profiler's ``prefetch`` calls it for the plans of one comparison, and ``build_and_time`` then
+    times what was started."""
     if not profiler.measures:
         return None
+    started: dict = {}  # plan key -> BuiltRProgram whose build start_build started
+
+    def build(plan):
+        return build_plan(0, plan, graph, op_graph, config, vdevice, ResourceProbe(False), target)
 
     def build_and_time(plan):
-        built = build_plan(0, plan, graph, op_graph, config, vdevice, ResourceProbe(False), target)
+        built = started.pop(plan_key(plan, op_graph), None) or build(plan)
         measured = profiler.time_kernel(built.func, built.fixed_args())  # within the budget
         if measured is not None:  # also under the key with its table, the final check's
             profiler.record_rprogram(plan_key(plan, op_graph, built.table), measured)
         return measured
 
+    def start_build(plan) -> None:
+        built = build(plan)
+        started[plan_key(plan, op_graph)] = built
+        profiler.prebuild(built.func)
+
+    build_and_time.start_build = start_build
     return build_and_time
 
 
@@ -557,6 +570,7 @@ def _build_rprograms(graph, mod, target, config, profiler, vdevice) -> BackendRe
     built, fallbacks = [], []
     unmeasured = (config.check_unmeasured and config.veus_per_sm is None  # a pinned vDevice is kept
                   and not profiler.measures and not profiler.sources)
+    made = []
     for k, plan in enumerate(plans):
         if _views_only(plan, graph, mod, skipped):
             continue
@@ -572,6 +586,10 @@ def _build_rprograms(graph, mod, target, config, profiler, vdevice) -> BackendRe
                 continue
         with _phase(phases, f"persistent kernel {k}"):
             one = build_plan(k, plan, graph, op_graph, config, vdevice, probe, target)
+        if timer is not None:  # every final rProgram is timed: their builds run side by side
+            profiler.prebuild(one.func, plan_key(one.plan, op_graph, one.table))
+        made.append((k, one))
+    for k, one in made:
         with _phase(phases, f"check {k} against TVM default"):
             fallback = _check_against_default(one, op_graph, profiler, timer)
         if fallback is None:

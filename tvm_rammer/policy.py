@@ -407,10 +407,8 @@ def materialize(plan: PartialPlan, graph: OpGraph, config: PolicyConfig, profile
         waves=[list(w) for w in plan.waves],
         op_finish=dict(plan.op_finish),
     )
-    measured = profile(result) if profile is not None else None
-    if measured is not None:
-        result.predicted_us = float(measured)
-        result.profiled = True
+    if profile is not None:
+        _profiled(result, profile)
     return result
 
 
@@ -588,15 +586,31 @@ def schedule_units(units: Sequence[Sequence[int]], graph: OpGraph, vdevice: VDev
 def _merge_pays(merged: PartialPlan, current: PartialPlan, alone: PartialPlan, graph: OpGraph,
                 config: PolicyConfig, profile: Profile | None) -> bool:
     """Algorithm 1's time(P1) <= time(Pcurr) + time(P2): profiled when the two sides' analytical
-    times are close (:func:`_close`), else analytical."""
-    def sides(prof):
-        return (plan_time(merged, graph, config, prof),
-                plan_time(current, graph, config, prof) + plan_time(alone, graph, config, prof))
+    times are close (:func:`_close`), else analytical. A ``profile`` with a ``prefetch`` (the
+    profiler's) is told the three plans before it is asked for each: their builds can then run
+    side by side."""
+    plans = (merged, current, alone)
+    merged_time, current_time, alone_time = (plan_time(p, graph, config) for p in plans)
+    if _close(merged_time, current_time + alone_time, config) and _asking(profile):
+        results = [None if p is None else materialize(p, graph, config) for p in plans]
+        prefetch = getattr(profile, "prefetch", None)
+        for result in results if prefetch is not None else ():
+            if result is not None:
+                prefetch(result)
+        merged_time, current_time, alone_time = (_profiled(r, profile) for r in results)
+    return merged_time <= current_time + alone_time
 
-    merged_time, apart_time = sides(None)
-    if _close(merged_time, apart_time, config) and _asking(profile):
-        merged_time, apart_time = sides(profile)
-    return merged_time <= apart_time
+
+def _profiled(result: RProgramPlan | None, profile: Profile) -> float:
+    """``result``'s time (see :func:`plan_time`): measured by ``profile`` when it answers, else
+    analytical; infinity for None."""
+    if result is None:
+        return math.inf
+    measured = profile(result)
+    if measured is not None:
+        result.predicted_us = float(measured)
+        result.profiled = True
+    return result.predicted_us
 
 
 def bfs_waves(ops: Iterable[int], preds: Mapping[int, Sequence[int]]) -> list[list[int]]:

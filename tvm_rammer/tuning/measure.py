@@ -541,6 +541,7 @@ class CudaDevice:
         self.batches = 0  # build jobs (a batch of kernels each, or one persistent kernel)
         self.batch_size = batch_size
         self.compile_source = compile_source
+        self._prebuilt: dict = {}  # id(func) -> (func, _Job): prebuild's builds, for time_kernel
 
     # processes
     def _build_pool(self) -> cf.ProcessPoolExecutor:
@@ -651,6 +652,7 @@ class CudaDevice:
         for pool in (self._builder, self._runner):
             _kill(pool)
         self._builder = self._runner = None
+        self._prebuilt.clear()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _submit_build(self, func: tirx.PrimFunc, resources: bool):
@@ -769,12 +771,22 @@ class CudaDevice:
                                 f"{record['error']:.2e} > {record.get('tolerance', self.tolerance):.0e}")
         return record
 
+    def prebuild(self, func: tirx.PrimFunc) -> None:
+        """Start building ``func`` (a persistent kernel :meth:`time_kernel` will be asked to time)
+        in the build processes now, so that the kernels a choice compares build side by side;
+        :meth:`time_kernel` of the same object waits for that build instead of starting one."""
+        self._prebuilt[id(func)] = (func, self._guarded_job(lambda: self._submit_build(func, False)))
+
     def time_kernel(self, func: tirx.PrimFunc, fixed: dict,
                     within_s: float | None = None) -> float | None:
         deadline = deadline_in(within_s)
+        started = self._prebuilt.pop(id(func), None)
         try:
             _left(deadline, self.build_timeout_s)  # spent: BudgetSpent before any build starts
-            path = self._build_result(self._submit_build(func, False), deadline)["path"]
+            if started is not None and started[0] is func:
+                path = self._wait_job(started[1], deadline)["path"]
+            else:
+                path = self._build_result(self._submit_build(func, False), deadline)["path"]
             return self._run(_time_kernel_worker, path, param_specs(func), fixed, self.number,
                              self.repeat, deadline=deadline)
         except BudgetSpent:

@@ -213,6 +213,7 @@ class Profiler:
         self._warned: set = set()
         self._failed: dict = {}  # (kind, key) -> failure record, for this compilation only
         self._asked: set = set()  # rProgram keys answered within rprogram_budget
+        self._prefetched: set = set()  # rProgram keys whose build prebuild started (plan_profile)
         self._measured: set = set()
         self._operators: dict = {}  # operator -> its record's key, versions, reference (note_operator)
         self._records_ignored = False  # ignore_operator_records
@@ -320,6 +321,20 @@ class Profiler:
         message = self.budget_message()
         if message is not None:
             self._warn_once("budget", message)
+
+    def prebuild(self, func, key: str | None = None) -> None:
+        """Start building persistent kernel ``func`` now (the device's ``prebuild``, where it has
+        one), when it is to be timed soon (by :meth:`time_kernel`, the same object) and the budget
+        lasts; not when ``key`` (its rProgram key) already has a record. A failure here costs
+        nothing: the timing builds it again."""
+        start = getattr(self.device, "prebuild", None)
+        if start is None or self.over_budget() or \
+                (key is not None and self._lookup("rprogram", key)[0] is not None):
+            return
+        try:
+            start(func)
+        except Exception as err:  # pylint: disable=broad-except  (time_kernel builds it then)
+            LOG.debug("tvm-rammer: a persistent kernel's build did not start early: %s", _short(err))
 
     def time_kernel(self, func, fixed: dict) -> float | None:
         """The device's time of a persistent kernel within the budget left; raises
@@ -534,13 +549,34 @@ class Profiler:
 
     def plan_profile(self, graph, build_and_time: Callable | None) -> Callable:
         """The ``profile`` argument of ``policy.schedule``: a plan's measured time (us), or None
-        (the policy then uses its analytical time)."""
+        (the policy then uses its analytical time). Its ``prefetch(plan)`` starts building a plan
+        that ``profile`` is about to be asked for (``build_and_time.start_build``, when the back
+        end gives one): the policy names the plans of a comparison first, so they build side by
+        side, then asks for each in turn."""
 
         def profile(plan):
             if not active():  # past the budget: analytical, without hashing the whole plan
                 return None
             measure = None if build_and_time is None else (lambda: build_and_time(plan))
             return self.rprogram_time(plan_key(plan, graph), measure)[0]
+
+        def prefetch(plan) -> None:
+            start = getattr(build_and_time, "start_build", None)
+            if start is None or not self.measures or not active():
+                return
+            key = plan_key(plan, graph)
+            if key in self._prefetched or key in self._asked \
+                    or self._lookup("rprogram", key)[0] is not None:
+                return
+            if sum(k not in self._asked for k in self._prefetched) >= self.rprogram_budget:
+                return  # the ones started already take what is left of rprogram_budget
+            self._prefetched.add(key)
+            try:
+                start(plan)
+            except LateVersionError:  # as when it is measured: the compile is done again
+                raise
+            except Exception as err:  # pylint: disable=broad-except  (measuring it builds it again)
+                LOG.debug("tvm-rammer: an rProgram's build did not start early: %s", _short(err))
 
         def active() -> bool:
             """False once the time budget is spent on a device, or once ``rprogram_budget``
@@ -554,6 +590,7 @@ class Profiler:
             return self.rprogram_budget > 0
 
         profile.active = active
+        profile.prefetch = prefetch
         return profile
 
     def flush(self) -> None:
