@@ -72,8 +72,10 @@ class SimulatedDevice(measure.CudaDevice):
             raise measure.BudgetSpent("the profiling budget is spent")
         if fn is measure._run_kernel_worker:
             job = args[0]
-            return {"kernel_us": _fake_us(job["path"], 5.0, 20.0, job["entry"]), "valid": True,
-                    "error": 0.0, "default_us": _fake_us(job["ref_path"], 8.0, 20.0, job["ref_entry"])
+            us = _fake_us(job["path"], 5.0, 20.0, job["entry"])
+            itself = (job["ref_path"], job["ref_entry"]) == (job["path"], job["entry"])
+            return {"kernel_us": us, "valid": True, "error": 0.0,
+                    "default_us": us if itself else _fake_us(job["ref_path"], 8.0, 20.0, job["ref_entry"])
                     if job["ref_path"] else None}
         self.rprogram_builds += 1
         return _fake_us(args[0], 5.0, 60.0)

@@ -245,3 +245,15 @@ def test_the_nvcc_command_that_keeps_its_log_is_tvms_own(monkeypatch, tmp_path):
         tvm_nvcc.compile_cuda("__global__ void k() {}", target_format="fatbin", compiler="nvcc",
                               path_target=out)
     assert cuda_compile.tvm_nvcc_command(seen[-1][-1], out, target) == seen[-1] != tvms
+
+
+def test_the_log_is_kept_only_where_nvcc_compiles_with_tvms_own_command(monkeypatch):
+    from tvm_rammer.host import cuda_compile
+
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
+    assert cuda_compile.nvcc_keeps_log()
+    monkeypatch.setenv("TVM_KERNEL_DUMP", "/tmp/dump")  # TVM adds -lineinfo and --keep
+    assert not cuda_compile.nvcc_keeps_log()
+    monkeypatch.delenv("TVM_KERNEL_DUMP")
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvrtc")
+    assert not cuda_compile.nvcc_keeps_log()

@@ -9,12 +9,13 @@ from tvm.script import tirx as T
 
 from conftest_tir import TARGET, schedule, scheduled_kernel, single_op_module
 from tvm_rammer.gpu import DeviceId, LocalGPU, local_gpu
+from tvm_rammer.target import capped_target
 from tvm_rammer.tuning.measure import CudaDevice, KernelJob, param_specs
 from tvm_rammer.tuning.versions import func_key
 
 
-def _only_kernel(op, *shapes):
-    mod = schedule(single_op_module(op, *shapes))
+def _only_kernel(op, *shapes, target=TARGET):
+    mod = schedule(single_op_module(op, *shapes), target)
     (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
     return func
 
@@ -485,17 +486,22 @@ def test_a_version_that_computes_something_else_is_invalid_and_a_right_one_valid
     gpu = local_gpu()
     add = _only_kernel(relax.op.add, (128, 512), (128, 512))
     sub = _only_kernel(relax.op.subtract, (128, 512), (128, 512))
+    # the same add scheduled with 64 threads a block: another kernel, the same result
+    add64 = _only_kernel(relax.op.add, (128, 512), (128, 512), target=capped_target(TARGET, 64))
+    assert func_key(add64) != func_key(add)
     device = CudaDevice(gpu, TARGET)
     try:
-        right, wrong = device.measure_kernels(
+        right, other, wrong = device.measure_kernels(
             [KernelJob(func_key(add), "add:dlight", add, add, func_key(add), 1),
+             KernelJob(func_key(add64), "add:t64", add64, add, func_key(add), 1),
              KernelJob(func_key(sub), "add:sub", sub, add, func_key(add), 1)], lambda n: None)
         built = device._count
     finally:
         device.close()
-    assert built == 2  # add (the right version is its reference: one build) and sub
+    assert built == 3  # add (the right version is its reference: one build), add64 and sub
     assert right["valid"] is True and right["error"] == 0.0 and right["kernel_us"] > 0
     assert right["default_us"] == right["kernel_us"]  # the default kernel, timed once
+    assert other["valid"] is True and other["error"] <= other["tolerance"]  # compared for real
     assert wrong["default_us"] == right["default_us"]  # and not again as sub's reference
     assert wrong["valid"] is False and "relative error" in wrong["reason"]
 

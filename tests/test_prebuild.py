@@ -29,10 +29,12 @@ class PrebuildingDevice(FakeDevice):
         super().__init__(rprogram_us=lambda func: 5.0 + len(func.script()) % 97, **kwargs)
         self.started_early, self.timed_early, self.timed_late = [], 0, 0
         self.most_at_once = 0
+        self.final = False  # set when the back end checks its final rPrograms
 
     def prebuild(self, func):
         self.started_early.append(func)
-        self.most_at_once = max(self.most_at_once, len(self.started_early) - self.timed_early)
+        if not self.final:  # during the policy: the plans of one comparison
+            self.most_at_once = max(self.most_at_once, len(self.started_early) - self.timed_early)
 
     def time_kernel(self, func, fixed, within_s=None):
         if any(f is func for f in self.started_early):
@@ -59,8 +61,21 @@ def compile_with(model, device, path):
     return inspect_model(model, "rammer/nvidia-h100", RammerConfig(), profiler)
 
 
-def test_every_timed_persistent_kernel_was_built_early_and_the_choices_are_the_same(alexnet, tmp_path):
+def test_every_timed_persistent_kernel_was_built_early_and_the_choices_are_the_same(alexnet, tmp_path,
+                                                                                  monkeypatch):
+    from tvm_rammer import backend
+
     early = PrebuildingDevice()
+    real_policy = backend.get_policy
+
+    def get_policy(name):  # once the policy has returned, the final rPrograms are built
+        def policy_then_final(*args):
+            plans = real_policy(name)(*args)
+            early.final = True
+            return plans
+        return policy_then_final
+
+    monkeypatch.setattr(backend, "get_policy", get_policy)
     summary = compile_with(alexnet, early, str(tmp_path / "early.json"))
     plain = PlainDevice()
     control = compile_with(alexnet, plain, str(tmp_path / "plain.json"))
@@ -68,7 +83,7 @@ def test_every_timed_persistent_kernel_was_built_early_and_the_choices_are_the_s
     assert early.rprograms == plain.rprograms > 2
     assert early.timed_early == early.rprograms and early.timed_late == 0
     assert len(early.started_early) == early.rprograms  # none started that was not timed
-    assert early.most_at_once >= 2  # a comparison's plans built side by side
+    assert early.most_at_once >= 2  # a comparison's plans built side by side, in the policy
 
 
 def test_merge_pays_names_the_plans_before_it_asks_and_decides_the_same(monkeypatch):
@@ -118,13 +133,20 @@ def test_prefetch_starts_nothing_the_budget_would_not_time(tmp_path):
     for plan in plans:
         profile.prefetch(plan)
     assert started == plans[:2]  # rprogram_budget 2: the third would be analytical
-    profile(plans[0])
-    profile.prefetch(plans[0])  # asked already: not again
+    asked_first = policy.RProgramPlan(program=policy.RProgram(4), ops=[], selected={}, reason={},
+                                      veus_per_sm=1, num_veus=4, predicted_us=1.0, waves=[],
+                                      op_finish={})
+    fresh = profiler.plan_profile(None, build_and_time)
+    profiler.rprogram_budget = 8
+    fresh(asked_first)
+    fresh.prefetch(asked_first)  # asked (and measured) before it was named: nothing to build
     assert started == plans[:2]
     recorded = Profiler(open_profile_db(str(tmp_path / "db.json")), FakeDevice(), "sm_90a",
                         rprogram_budget=8).plan_profile(None, build_and_time)
-    recorded.prefetch(plans[0])  # a record exists: nothing to build
+    recorded.prefetch(asked_first)  # a record exists (measured above): nothing to build
     assert started == plans[:2]
+    recorded.prefetch(plans[2])  # the control: a plan with none is built
+    assert started == plans
 
 
 def test_a_prebuilt_kernel_is_timed_from_its_build(monkeypatch):
@@ -142,9 +164,15 @@ def test_a_prebuilt_kernel_is_timed_from_its_build(monkeypatch):
         device.prebuild(a)
         device.prebuild(b)
         assert device.batches == 2  # both builds submitted, nothing waited for yet
-        assert device.time_kernel(a, {}) == 7.0 and device.time_kernel(b, {}) == 7.0
+        assert device.time_kernel(a, {}) == 7.0
+        assert device._prebuilt[id(b)][1].future.done()  # a was timed with no build beside it
+        assert device.time_kernel(b, {}) == 7.0
         assert device.batches == 2
         assert device.time_kernel(c, {}) == 7.0 and device.batches == 3  # control: built then
         assert device.time_kernel(a, {}) == 7.0 and device.batches == 4  # a prebuild is used once
+        device.prebuild(c)
+        device.drop_prebuilt()  # not timed: forgotten
+        assert device._prebuilt == {}
+        assert device.time_kernel(c, {}) == 7.0 and device.batches == 6
     finally:
         device.close()

@@ -41,7 +41,7 @@ class Made:
     small operators ``backend._small_operators`` found."""
 
     def __init__(self, monkeypatch, rule=True):
-        self.lowered, self.small = [], []
+        self.lowered, self.small, self.base_lowered = [], [], []
         real_prelower, real_small = versions.prelower, backend._small_operators
 
         def counting(func, target, name=None):
@@ -51,6 +51,7 @@ class Made:
         def small(*args):
             found, lowered = real_small(*args)
             self.small.append(set(found))
+            self.base_lowered.append(set(lowered))
             return (found, lowered) if rule else (set(), lowered)
 
         monkeypatch.setattr(versions, "prelower", counting)
@@ -113,8 +114,8 @@ def test_a_second_compile_reads_the_small_operators_from_their_records(alexnet, 
     again, profiler = compile_once(alexnet, path)
     (small,) = made.small
     assert small
-    # their dlight versions weighed from the records (found small without lowering anything),
-    # lowered only when a chosen persistent kernel holds their code
+    assert made.base_lowered == [set()]  # found small from the records: nothing lowered for it
+    # their dlight versions lowered only when a chosen persistent kernel holds their code
     assert all(made.lowered.count(name) <= 1 for name in small)
     assert profiler.device.measured == []
     reused = len(made.lowered)
@@ -139,3 +140,20 @@ def test_a_dlight_only_record_is_not_used_where_other_versions_are_wanted(alexne
     monkeypatch.setattr(Profiler, "operator_record", lambda self, key: None)  # control: full path
     full, _ = compile_once(alexnet, path)
     assert result == full
+
+
+def test_decisive_jobs_measures_nothing_of_a_small_operator_even_without_every_prediction():
+    from tvm_rammer.tuning.measure import KernelJob
+    from tvm_rammer.tuning.profiler import decisive_jobs
+
+    def job(op, name, us, base=False):
+        return KernelJob(f"{op}:{name}", f"{op}:{name}", None, None, None, 1, operator=op,
+                         predicted_us=us, base=base)
+
+    jobs = [job("big", "dlight", 100.0, True), job("big", "t", 90.0),
+            job("small", "dlight", 0.5, True), job("small", "t", None),
+            job("unknown", "dlight", 50.0, True), job("unknown", "t", None)]
+    kept = [j.key for j in decisive_jobs(jobs, 1.25)]
+    # the small one (0.5 of 150.5 us) is left out although one of its versions has no
+    # prediction; an operator that is not small with one is measured whole (the control)
+    assert kept == ["big:dlight", "big:t", "unknown:dlight", "unknown:t"]

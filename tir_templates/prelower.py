@@ -143,7 +143,8 @@ def bound_launch(func: tirx.PrimFunc):
 
     Where :func:`prelower` accepts the function, its ``(grid, block)`` is this one: the launch's
     ``thread_extent`` AttrStmts are these loops, lifted and unified (checked on every version of
-    every zoo model's operators, tests/test_prelower.py). ``versions.kernel_versions`` uses it to
+    every zoo model's operators, tests/test_prelower.py). A function with any ``thread_extent``
+    AttrStmt (a launch not written as loops) is not read. ``versions.kernel_versions`` uses it to
     skip lowering a schedule whose launch shape an earlier version already has."""
     extents, unreadable = {}, []
 
@@ -159,7 +160,11 @@ def bound_launch(func: tirx.PrimFunc):
         elif extents.setdefault(tag, int(node.extent)) != int(node.extent):
             unreadable.append(tag)
 
-    tvm_ffi.structural_walk(func.body, (tirx.For, loop))
+    def launched(node):  # a launch written as an AttrStmt: not read from loops
+        if node.attr_key == "thread_extent":
+            unreadable.append(node.attr_key)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, loop), (tirx.AttrStmt, launched)])
     if unreadable or not any(tag in extents for tag in BLOCK_AXES):
         return None
     return (tuple(extents.get(t, 1) for t in BLOCK_AXES), tuple(extents.get(t, 1) for t in THREAD_AXES))

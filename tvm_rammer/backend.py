@@ -6,9 +6,11 @@ dlight) into the rPrograms to emit:
 1. rOperators: for every placeable operator its rKernel versions (``tuning.versions``), checked and
    timed on the device by the ``profiler`` (an object: a real GPU, a test's fake, or databases only).
    A version is a candidate only when measured and valid; with no measured time an operator has
-   TVM's own dlight schedule only (``rkernels.operator_versions``);
+   TVM's own dlight schedule only (``rkernels.operator_versions``); an operator too small for its
+   choice to matter gets no other version at all (``_small_operators``);
 2. the policy (``RammerConfig.policy``, ``tvm_rammer.policies``; Algorithm 1 by default), whose P1 vs Pcurr+P2 uses rPrograms timed whole
-   when the profiler can;
+   when the profiler can (the plans of one comparison, and the final rPrograms, built side by
+   side: ``Profiler.plan_profile``'s ``prefetch``, ``Profiler.prebuild``);
 3. code: one persistent PrimFunc per rProgram (``codegen.persistent``), placed again when the
    compiled kernel's registers change its occupancy;
 4. never slower than TVM's default: an rProgram whose measured time is not below the measured time
@@ -205,40 +207,43 @@ def _made_in_workers(pending, mod, stash, rk_target, plain, profiler, database) 
 
 def _small_operators(operators: dict, mod, stash: dict, rk_target, config, vdevice, records) -> tuple:
     """(the names of the operators too small for their choice to matter, name -> its dlight
-    version prelowered here), for a compile whose profiler has a margin (with a device, or
-    reading a database).
+    version prelowered here), for a compile whose profiler has a margin.
 
     ``profiler.decisive_jobs`` measures nothing of an operator whose dlight version is predicted
-    under ``MIN_SHARE`` of the summed dlight predictions of all operators; its other versions, with
-    no measured time, are never chosen either, so making them (scheduling and prelowering ~10
-    versions) is wasted. This finds those operators first, with the same predictions
-    (``_predictor``'s, of each dlight version that prelowers and fits a vEU): from an operator's
-    record when it has one (checked again when the record is used), else by prelowering its dlight
-    version (returned, so that it is not lowered twice). ``operators``: name -> node."""
-    from .tuning.profiler import MIN_SHARE
+    under ``MIN_SHARE`` of the summed dlight predictions of all operators
+    (``profiler.small_operators``); its other versions, with no measured time, are never chosen,
+    so making them (scheduling and prelowering ~10 versions) is wasted. This finds those operators
+    first, with the same predictions (of each dlight version that prelowers and fits a vEU): from
+    the operator's record when it has one (checked again when the record is used), else by
+    prelowering its dlight version (returned, so that it is not lowered twice). An operator that
+    fails here is simply not small (it is made as before, and fails there on its own). The set
+    can only be smaller than ``decisive_jobs``' (an operator whose versions fail to be made
+    leaves that total), never larger: what is measured and chosen is the same. Also where a
+    database holds kernel records of a small operator's other versions (from another model or a
+    compile with ``profile_margin=None``), they are not offered: it keeps dlight, as the device
+    compile that wrote its record did. On a host that makes versions in its build processes
+    (``tuning.version_pool``) the dlight versions lowered here are lowered there again: this
+    lowering (~25 ms an operator without a record) is the one part done in the main process, so
+    that every host makes the same versions and writes the same records. ``operators``: name ->
+    node; ``stash``: the unscheduled PrimFuncs (``unscheduled_funcs``)."""
+    from .tuning.profiler import small_operators
 
     base_us, lowered = {}, {}
     for name, node in operators.items():
         scheduled = mod[node.gvar]
-        recorded = records.base_us(scheduled, stash[name]) \
-            if (records is not None and name in stash) else None
-        if recorded is not None:
-            base_us[name] = recorded
-            continue
         try:
-            lowered[name] = tuning_versions.prelower(scheduled, rk_target, name=name)
-        except UnsupportedKernel:
+            recorded = records.base_us(scheduled, stash[name]) \
+                if (records is not None and name in stash) else None
+            if recorded is None:
+                lowered[name] = tuning_versions.prelower(scheduled, rk_target, name=name)
+                if early_exit_problem(lowered[name], config.max_rtask_threads):
+                    continue
+                recorded = rkernels.predicted_version_us(scheduled, lowered[name], config, vdevice)
+        except Exception as err:  # pylint: disable=broad-except  (not small: made as before)
+            LOG.debug("tvm-rammer: %s: no dlight prediction (%s)", name, str(err).splitlines()[0])
             continue
-        if early_exit_problem(lowered[name], config.max_rtask_threads):
-            continue
-        try:
-            flops, nbytes = rkernels.flops_and_bytes(scheduled)
-            base_us[name] = rkernels.predicted_kernel_us(flops, nbytes, lowered[name], config, vdevice)
-        except Exception:  # pylint: disable=broad-except  (no prediction: measured as before)
-            continue
-    total = sum(us for us in base_us.values() if us)
-    small = {name for name, us in base_us.items() if us is not None and us < MIN_SHARE * total}
-    return small, lowered
+        base_us[name] = recorded
+    return small_operators(base_us), lowered
 
 
 def _candidates(graph, mod, target, config, profiler, skipped, vdevice=None):
@@ -278,7 +283,8 @@ def _candidates(graph, mod, target, config, profiler, skipped, vdevice=None):
         operators.setdefault(node.gvar.name_hint, node)
     small, base_lowered = set(), {}
     if config.versions and stash and vdevice is not None and profiler.margin is not None \
-            and database is None and not config.emulate_versions:
+            and config.profile_margin is not None and database is None \
+            and not config.emulate_versions:
         small, base_lowered = _small_operators(operators, mod, stash, rk_target, config, vdevice,
                                                records)
     found, pending = {}, {}

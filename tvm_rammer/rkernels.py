@@ -169,6 +169,16 @@ def predicted_kernel_us(flops: float, nbytes: float, lowered, config: RammerConf
     return analytical_us(flops, nbytes, lowered, config, vdevice) * max(1, rounds)
 
 
+def predicted_version_us(func, lowered, config: RammerConfig, vdevice: VDevice) -> float | None:
+    """:func:`predicted_kernel_us` of one version (``lowered``) of operator ``func`` (its scheduled
+    PrimFunc: its flops and bytes), or None when it cannot be predicted."""
+    try:
+        flops, nbytes = flops_and_bytes(func)
+        return predicted_kernel_us(flops, nbytes, lowered, config, vdevice)
+    except Exception:  # pylint: disable=broad-except  (no prediction: measured as without one)
+        return None
+
+
 def operator_from_kernel(uid: int, name: str, func, lowered, config: RammerConfig,
                          vdevice: VDevice) -> ROperator:
     """An rOperator with one rKernel: the dlight schedule, timed by the analytical model."""

@@ -127,8 +127,14 @@ _NVCC_OPTION_ENVS = ("TVM_KERNEL_DUMP", "TVM_KERNEL_DEBUG")
 
 def nvcc_keeps_log() -> bool:
     """Whether :func:`nvcc_with_log` compiles exactly as this process's CUDA builds do: nvcc is
-    the compiler (:func:`compiler_choice`) and no TVM option changes its command."""
-    return compiler_choice().compiler == "nvcc" and not any(os.environ.get(e) for e in _NVCC_OPTION_ENVS)
+    the compiler (:func:`compiler_choice`) and no TVM option changes its command (the
+    environment's, nor the pass context's ``cuda.kernels_output_dir``, where a TVM build
+    registers that option)."""
+    if compiler_choice().compiler != "nvcc" or any(os.environ.get(e) for e in _NVCC_OPTION_ENVS):
+        return False
+    import tvm
+
+    return "cuda.kernels_output_dir" not in (tvm.transform.PassContext.current().config or {})
 
 
 def tvm_nvcc_command(source_path: str, output_path: str, target) -> list:

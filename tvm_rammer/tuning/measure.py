@@ -136,7 +136,11 @@ class MeasureDevice(Protocol):
                     within_s: float | None = None) -> float | None:
         """Median time (us) of one call of ``func`` with ``fixed`` parameters (name -> array) and
         seeded others; None when it cannot run; :class:`BudgetSpent` when it could not be built
-        and timed within ``within_s`` seconds."""
+        and timed within ``within_s`` seconds.
+
+        Optional, where a device can build ahead (``CudaDevice``): ``prebuild(func)`` starts the
+        build of a kernel ``time_kernel`` will be asked for (the same object), and
+        ``drop_prebuilt()`` forgets those not timed (``Profiler.prebuild``)."""
 
 
 def param_specs(func: tirx.PrimFunc) -> list:
@@ -156,8 +160,8 @@ def _compiles(target):
     own nvcc command and keeps its output (``nvcc_with_log``): the registers of a kernel are then
     read from the compile that makes it, and a batch needs no second nvcc run for them. A module
     TVM kept uncompiled (a host without the NVIDIA driver) can be compiled so after the build
-    (:func:`_compile_kept_source`), as a GPU host's build compiles it: what profile_cost.py
-    measures building costs with (``CudaDevice(compile_source=True)``)."""
+    (:func:`_built`), as a GPU host's build compiles it: what profile_cost.py measures building
+    costs with (``CudaDevice(compile_source=True)``)."""
     import tvm_ffi
 
     from ..host import cuda_compile
@@ -177,22 +181,25 @@ def _compiles(target):
     try:
         yield logs
     finally:
-        if real is not None:
-            tvm_ffi.register_global_func(cuda_compile.CALLBACK, real, override=True)
+        tvm_ffi.register_global_func(cuda_compile.CALLBACK, real or cuda_compile.compile_callback,
+                                     override=True)
 
 
-def _compile_kept_source(lib, logs: list, target) -> None:
-    """A GPU host's compile of ``lib``'s CUDA source, where TVM kept it uncompiled (no CUDA
-    runtime here) and nothing compiled it during the build (``logs`` empty)."""
+def _built(mod, target, compile_source: bool) -> tuple:
+    """``(module, nvcc logs)`` of ``mod`` built for ``target`` in a worker (:func:`_compiles`);
+    with ``compile_source``, a module TVM kept uncompiled (no CUDA runtime here) is compiled
+    after the build as a GPU host's build compiles it."""
     import tvm_ffi
 
     from ..host import cuda_compile
     from ..resources import module_cuda_source
 
-    if logs or cuda_compile.tvm_builds_cuda():
-        return
-    with target:
-        tvm_ffi.get_global_func(cuda_compile.CALLBACK)(module_cuda_source(lib))
+    with _compiles(target) as logs:
+        lib = tvm.tirx.build(mod, target)
+        if compile_source and not logs and not cuda_compile.tvm_builds_cuda():
+            with target:
+                tvm_ffi.get_global_func(cuda_compile.CALLBACK)(module_cuda_source(lib))
+    return lib, logs
 
 
 def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool,
@@ -201,15 +208,12 @@ def _build_worker(mod_json: str, target_spec: dict, path: str, resources: bool,
     it to ``path``: ``{"path", "entry"}`` and, with ``resources``, its registers, shared bytes and
     spills (or ``resources_error``): from the build's own nvcc run where it kept its log
     (:func:`_compiles`), else from a compile of its CUDA source. ``compile_source``: see
-    :func:`_compiles`."""
+    :func:`_built`."""
     from tir_templates.cuda_resources import parse_ptxas_info
 
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json(mod_json)
-    with _compiles(target) as logs:
-        lib = tvm.tirx.build(mod, target)
-        if compile_source:
-            _compile_kept_source(lib, logs, target)
+    lib, logs = _built(mod, target, compile_source)
     lib.export_library(path)
     info = {"path": path, "entry": ENTRY}
     if resources:
@@ -243,14 +247,11 @@ def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: 
     ``{"path", "entry", registers...}``. A batch that does not build raises: the host then builds
     each of its kernels as its own job (:meth:`CudaDevice._member_result`). When that nvcc run
     fails, each kernel's resources are compiled on its own (:func:`_own_resources`): each keeps
-    its resources or its own error. ``compile_source``: see :func:`_compiles`."""
+    its resources or its own error. ``compile_source``: see :func:`_built`."""
     target = tvm.target.Target(target_spec)
     mod = tvm.ir.load_json(mod_json)
     names = sorted(gv.name_hint for gv in mod.get_global_vars())
-    with _compiles(target) as logs:
-        lib = tvm.tirx.build(mod, target)
-        if compile_source:
-            _compile_kept_source(lib, logs, target)
+    lib, logs = _built(mod, target, compile_source)
     lib.export_library(path)
     items = [{"path": path, "entry": name} for name in names]
     if resources:
@@ -341,14 +342,18 @@ def _run_kernel_worker(job: dict) -> dict:
                      for v, r in zip(version_args[first_out:], ref_args[first_out:])), default=0.0)
         tolerance = tolerance_for([d for _, _, d in specs[first_out:]], job["tolerance"])
         record.update(error=error, valid=bool(error <= tolerance), tolerance=tolerance)
-        if (job["ref_path"], ref_entry) not in _DEFAULT_US:
-            _DEFAULT_US[job["ref_path"], ref_entry] = _time(ref, dev, ref_args, job["number"],
-                                                            job["repeat"], ref_entry)
-        record["default_us"] = _DEFAULT_US[job["ref_path"], ref_entry]
+        record["default_us"] = _default_time((job["ref_path"], ref_entry), ref, dev, ref_args, job)
     else:
         record.update(error=None, valid=None)
     record["kernel_us"] = _time(lib, dev, version_args, job["number"], job["repeat"], entry)
     return record
+
+
+def _default_time(key: tuple, lib, dev, args: list, job: dict) -> float:
+    """The time of TVM's default kernel ``key`` (library path, entry), timed once per runner."""
+    if key not in _DEFAULT_US:
+        _DEFAULT_US[key] = _time(lib, dev, args, job["number"], job["repeat"], key[1])
+    return _DEFAULT_US[key]
 
 
 def _default_kernel_record(job: dict, lib, dev, inputs: list) -> dict:
@@ -357,10 +362,8 @@ def _default_kernel_record(job: dict, lib, dev, inputs: list) -> dict:
     (the time of :data:`_DEFAULT_US` when this kernel was timed already as a reference)."""
     specs, entry = job["specs"], job.get("entry", ENTRY)
     outputs = specs[len(specs) - job["num_outputs"]:]
-    if (job["path"], entry) not in _DEFAULT_US:
-        args = [tvm.runtime.tensor(a, dev) for a in inputs + [np.zeros(s, d) for _, s, d in outputs]]
-        _DEFAULT_US[job["path"], entry] = _time(lib, dev, args, job["number"], job["repeat"], entry)
-    us = _DEFAULT_US[job["path"], entry]
+    args = [tvm.runtime.tensor(a, dev) for a in inputs + [np.zeros(s, d) for _, s, d in outputs]]
+    us = _default_time((job["path"], entry), lib, dev, args, job)
     return {"error": 0.0, "valid": True, "tolerance": tolerance_for([d for _, _, d in outputs],
                                                                      job["tolerance"]),
             "default_us": us, "kernel_us": us}
@@ -777,6 +780,25 @@ class CudaDevice:
         :meth:`time_kernel` of the same object waits for that build instead of starting one."""
         self._prebuilt[id(func)] = (func, self._guarded_job(lambda: self._submit_build(func, False)))
 
+    def drop_prebuilt(self) -> None:
+        """Forget the builds :meth:`prebuild` started that were not timed (those not running yet
+        are cancelled): the compile asks no more (it ended, or starts again)."""
+        for _, job in self._prebuilt.values():
+            job.future.cancel()
+        self._prebuilt.clear()
+
+    def _quiet(self, deadline: float | None) -> None:
+        """Wait for every started build (:meth:`prebuild`) to end, within ``deadline``, so that a
+        timing runs on a host with no build running beside it (as without prebuilds); a build
+        that fails or is lost is left to the timing that needs it."""
+        for _, job in list(self._prebuilt.values()):
+            try:
+                self._wait(job.future, deadline)
+            except BudgetSpent:
+                raise
+            except Exception:  # pylint: disable=broad-except  (its own timing sees it)
+                pass
+
     def time_kernel(self, func: tirx.PrimFunc, fixed: dict,
                     within_s: float | None = None) -> float | None:
         deadline = deadline_in(within_s)
@@ -787,6 +809,7 @@ class CudaDevice:
                 path = self._wait_job(started[1], deadline)["path"]
             else:
                 path = self._build_result(self._submit_build(func, False), deadline)["path"]
+            self._quiet(deadline)
             return self._run(_time_kernel_worker, path, param_specs(func), fixed, self.number,
                              self.repeat, deadline=deadline)
         except BudgetSpent:

@@ -37,6 +37,13 @@ back end compile again with every record ignored (``deferred.LateVersionError``)
 names kernels, not measurements: a failed measurement leaves no
 kernel record (``profiler.is_failure``), so the next compile makes and measures that version
 again.
+
+An operator too small for its choice to matter (``backend._small_operators``: its dlight version
+predicted under ``profiler.MIN_SHARE`` of all operators') has only its dlight version made; its
+record says so (``dlight_only``) and is used only for an operator that is small now
+(:meth:`OperatorRecords.made` with ``dlight_only``). The back end finds those operators before
+making anything, from each record's dlight ``predicted_us`` (:meth:`OperatorRecords.base_us`;
+checked against a fresh prediction when the record is used).
 """
 from __future__ import annotations
 
@@ -52,7 +59,8 @@ import tvm
 from .deferred import DeferredVersion, LateVersionError, Unmade, lowered_fields, valid_fields
 from .versions import func_key, made_by_name, named_versions
 
-__all__ = ["KIND", "FORMAT", "operator_key", "needed_versions", "OperatorRecords", "Reused"]
+__all__ = ["KIND", "FORMAT", "operator_key", "base_entry", "needed_versions", "OperatorRecords",
+           "Reused"]
 
 LOG = logging.getLogger("tvm_rammer")
 KIND = "operator"
@@ -101,6 +109,11 @@ def operator_key(unscheduled, scheduled, target, plain, config, vdevice, makers:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
+def base_entry(record: dict) -> dict | None:
+    """The entry of the pipeline's dlight version in ``record["versions"]``, or None."""
+    return next((v for v in record.get("versions") or () if v.get("name") == PIPELINE_VERSION), None)
+
+
 def needed_versions(record: dict, has_record, measures: bool, margin: float | None,
                     max_versions: int) -> tuple | None:
     """(the entries of ``record["versions"]`` a compile needs, in order; whether a version may be
@@ -110,7 +123,7 @@ def needed_versions(record: dict, has_record, measures: bool, margin: float | No
     could measure are needed too when they lack a record; its ``min_share`` only leaves whole
     operators out, so it is not applied here (more versions made, never fewer)."""
     versions = record.get("versions") or []
-    base = next((v for v in versions if v["name"] == PIPELINE_VERSION), None)
+    base = base_entry(record)
     if base is None or record.get("format") != FORMAT:
         return None
     present = {v["name"]: has_record(v["key"]) for v in versions}
@@ -162,13 +175,9 @@ class OperatorRecords:
     def predict(self, scheduled, lowered) -> float | None:
         """A version's analytical whole-kernel time as the back end predicts it for the profiler
         (``backend._predictor``; None when it cannot)."""
-        from ..rkernels import flops_and_bytes, predicted_kernel_us
+        from ..rkernels import predicted_version_us
 
-        try:
-            flops, nbytes = flops_and_bytes(scheduled)
-            return predicted_kernel_us(flops, nbytes, lowered, self.config, self.vdevice)
-        except Exception:  # pylint: disable=broad-except  (as the back end: no prediction)
-            return None
+        return predicted_version_us(scheduled, lowered, self.config, self.vdevice)
 
     def default(self, unscheduled):
         """TVM's default kernel for the operator (``schedule_like_default``), or None."""
@@ -185,10 +194,7 @@ class OperatorRecords:
         profiler weighed when the record was written), or None: no record, or none recorded.
         :meth:`made` checks it against a fresh prediction before any of it is used."""
         record = self.profiler.operator_record(self.key(scheduled, unscheduled))
-        if record is None or record.get("format") != FORMAT:
-            return None
-        base = next((v for v in record.get("versions") or () if v.get("name") == PIPELINE_VERSION),
-                    None)
+        base = None if record is None or record.get("format") != FORMAT else base_entry(record)
         return None if base is None else base.get("predicted_us")
 
     def made(self, name: str, scheduled, unscheduled, dlight_only: bool = False) -> Reused | None:
@@ -214,8 +220,8 @@ class OperatorRecords:
             return None  # a record of the dlight version alone, now that others are wanted
         profiler = self.profiler
         if dlight_only:
-            base = [v for v in record.get("versions") or () if v.get("name") == PIPELINE_VERSION]
-            found = (base, False) if base and record.get("format") == FORMAT else None
+            base = base_entry(record)
+            found = ([base], False) if base is not None and record.get("format") == FORMAT else None
         else:
             found = needed_versions(record, profiler.has_kernel_record, profiler.measures,
                                     profiler.margin, max_versions)

@@ -14,7 +14,10 @@ time. :class:`Profiler` puts them behind the profile databases (``profile_db``):
   i.e. the kernel's time divided by its rounds of thread blocks on the device (:func:`rtask_time`);
 - rPrograms (:meth:`Profiler.plan_profile`, :meth:`Profiler.rprogram_time`): the persistent kernel of
   a plan timed whole, cached under :func:`plan_key`; at most ``rprogram_budget`` candidate plans are
-  built and timed per compilation (each is a full nvcc build), the final ones always.
+  built and timed per compilation (each is a full nvcc build), the final ones always. The plans of
+  one comparison are named first (``plan_profile``'s ``prefetch``) and the final ones all built
+  (:meth:`Profiler.prebuild`) before any is timed, so their builds run side by side; each is
+  timed after every started build has ended (``CudaDevice._quiet``).
 
 What is measured, and for how long (``RammerConfig.profile_margin``, ``profile_budget_s``): with a
 ``margin`` only what can change a decision is measured (:func:`decisive_jobs`: an operator's
@@ -25,7 +28,9 @@ a ``budget_s`` the measuring stops once that many seconds have passed since the 
 device (dlight, analytical times, the rProgram kept). The budget is a deadline, not a check between
 batches: the device gets the seconds left with every batch and every rProgram
 (``within_s``), starts no build or run past them, and abandons (kills) those in flight; so
-profiling adds at most ``budget_s`` (plus the time to kill its processes) to a compile. What the
+profiling adds at most ``budget_s`` (plus the time to kill its processes) to a compile. A build
+started early (:meth:`Profiler.prebuild`, only while the budget lasts) that is not timed is
+dropped at :meth:`Profiler.finish`, and the device's processes end with :meth:`Profiler.close`. What the
 budget left unmeasured is named in one warning at the end (:meth:`Profiler.finish`). Kernels are
 measured in batches of whole operators, each batch written to the database (and flushed) as it
 completes, so a killed compile loses at most one batch.
@@ -67,7 +72,7 @@ from .measure import BudgetSpent, KernelJob, MeasureDevice
 from .operator_record import FORMAT as OPERATOR_FORMAT, KIND as OPERATOR_KIND
 
 __all__ = ["Timing", "Profiler", "rtask_time", "plan_key", "Progress", "decisive_jobs",
-           "is_failure", "FAILURES"]
+           "small_operators", "is_failure", "FAILURES"]
 
 LOG = logging.getLogger("tvm_rammer")
 
@@ -84,29 +89,40 @@ def is_failure(record) -> bool:
     return bool(record) and str(record.get("reason", "")).startswith(FAILURES)
 
 
+def small_operators(base_us: dict, min_share: float = MIN_SHARE) -> set:
+    """The operators (keys of ``base_us``: operator -> its dlight version's predicted time, or
+    None) whose dlight version is predicted under ``min_share`` of all operators' predicted
+    dlight times: a choice there cannot matter, so none of their versions is measured
+    (:func:`decisive_jobs`) nor, with a margin, made (``backend._small_operators``)."""
+    total = sum(us for us in base_us.values() if us)
+    return {op for op, us in base_us.items() if us is not None and us < min_share * total}
+
+
 def decisive_jobs(jobs: Sequence[KernelJob], margin: float | None,
                   max_versions: int = MAX_VERSIONS, min_share: float = MIN_SHARE) -> list:
     """The jobs whose measurement can change a choice, per operator (``KernelJob.operator``): its
     base (dlight) version and the ``max_versions`` other versions predicted fastest, among those
-    predicted within ``margin`` of the base or faster; nothing of an operator whose other
-    versions are all predicted slower (it keeps dlight, as without a device), nor of one whose
-    predicted time is under ``min_share`` of all operators' (a choice there cannot matter). An
-    operator without predictions is measured whole; ``margin`` None keeps every job."""
+    predicted within ``margin`` of the base or faster; nothing of an operator whose predicted time
+    is under ``min_share`` of all operators' (:func:`small_operators`: a choice there cannot
+    matter), nor of one whose other versions are all predicted slower (it keeps dlight, as
+    without a device). An operator whose dlight version or another version has no prediction
+    is measured whole (unless small); ``margin`` None keeps every job."""
     if margin is None:
         return list(jobs)
     groups: dict = {}
     for job in jobs:
         groups.setdefault(job.operator or job.label.split(":", 1)[0], []).append(job)
     bases = {op: next((j for j in group if j.base), None) for op, group in groups.items()}
-    total = sum(b.predicted_us for b in bases.values() if b is not None and b.predicted_us)
+    small = small_operators({op: b.predicted_us for op, b in bases.items() if b is not None},
+                            min_share)
     keep = []
     for op, group in groups.items():
         base = bases[op]
+        if op in small:
+            continue
         if base is None or base.predicted_us is None \
                 or any(j.predicted_us is None for j in group if not j.base):
             keep.extend(group)
-            continue
-        if base.predicted_us < min_share * total:
             continue
         close = sorted((j for j in group if not j.base and j.predicted_us <= margin * base.predicted_us),
                        key=lambda j: j.predicted_us)[:max_versions]
@@ -318,9 +334,19 @@ class Profiler:
         """The end of measuring in a compilation: flush, and warn once naming what the budget
         left unmeasured."""
         self.flush()
+        self._drop_prebuilt()
         message = self.budget_message()
         if message is not None:
             self._warn_once("budget", message)
+
+    def _drop_prebuilt(self) -> None:
+        """The device forgets the builds :meth:`prebuild` started that were not timed."""
+        drop = getattr(self.device, "drop_prebuilt", None)
+        if drop is not None:
+            try:
+                drop()
+            except Exception as err:  # pylint: disable=broad-except
+                LOG.debug("tvm-rammer: dropping early builds failed: %s", _short(err))
 
     def prebuild(self, func, key: str | None = None) -> None:
         """Start building persistent kernel ``func`` now (the device's ``prebuild``, where it has
@@ -431,7 +457,7 @@ class Profiler:
         """What :meth:`ignore_operator_records` rewinds to: the questions asked so far (the
         rProgram budget, the keys asked, the counts, what the budget left unmeasured)."""
         return (self.rprogram_budget, set(self._asked), Counter(self.counts),
-                copy.deepcopy(self._unmeasured))
+                copy.deepcopy(self._unmeasured), set(self._prefetched))
 
     def ignore_operator_records(self, mark: tuple | None = None) -> None:
         """Read no operator record from now on (``backend.build_rprograms`` after a
@@ -439,10 +465,12 @@ class Profiler:
         and, with a :meth:`mark`, ask every question again as from there (so the compile made
         again asks and is answered as the full path; what was measured stays measured)."""
         self._records_ignored = True
+        self._drop_prebuilt()  # the compile starts again: what it started early is not timed
         if mark is not None:
-            self.rprogram_budget, asked, counts, unmeasured = mark
+            self.rprogram_budget, asked, counts, unmeasured, prefetched = mark
             self._asked, self.counts, self._unmeasured = set(asked), Counter(counts), \
                 copy.deepcopy(unmeasured)
+            self._prefetched = set(prefetched)
 
     def has_kernel_record(self, key: str) -> bool:
         """Whether an rKernel version has a kernel record that is not a failure."""
@@ -565,12 +593,13 @@ class Profiler:
             if start is None or not self.measures or not active():
                 return
             key = plan_key(plan, graph)
-            if key in self._prefetched or key in self._asked \
-                    or self._lookup("rprogram", key)[0] is not None:
+            if key in self._prefetched or key in self._asked:
                 return
             if sum(k not in self._asked for k in self._prefetched) >= self.rprogram_budget:
-                return  # the ones started already take what is left of rprogram_budget
-            self._prefetched.add(key)
+                return  # the ones named already take what is left of rprogram_budget
+            self._prefetched.add(key)  # named: a plan with a record takes budget when asked too
+            if self._lookup("rprogram", key)[0] is not None:
+                return  # nothing to build
             try:
                 start(plan)
             except LateVersionError:  # as when it is measured: the compile is done again
