@@ -341,12 +341,17 @@ class Profiler:
 
     def _drop_prebuilt(self) -> None:
         """The device forgets the builds :meth:`prebuild` started that were not timed."""
-        drop = getattr(self.device, "drop_prebuilt", None)
-        if drop is not None:
+        self._device_call("drop_prebuilt", "dropping early builds", LOG.debug)
+
+    def _device_call(self, method: str, what: str, log) -> None:
+        """``self.device.<method>()`` where the device has that method; a failure is logged
+        (``log``, naming ``what``), never raised: the compile goes on."""
+        call = getattr(self.device, method, None)
+        if call is not None:
             try:
-                drop()
+                call()
             except Exception as err:  # pylint: disable=broad-except
-                LOG.debug("tvm-rammer: dropping early builds failed: %s", _short(err))
+                log("tvm-rammer: %s failed: %s", what, _short(err))
 
     def prebuild(self, func, key: str | None = None) -> None:
         """Start building persistent kernel ``func`` now (the device's ``prebuild``, where it has
@@ -634,12 +639,7 @@ class Profiler:
     def close(self) -> None:
         """:meth:`finish`, and release the device's worker processes (when it has any)."""
         self.finish()
-        close = getattr(self.device, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception as err:  # pylint: disable=broad-except
-                LOG.warning("tvm-rammer: closing the measuring device failed: %s", _short(err))
+        self._device_call("close", "closing the measuring device", LOG.warning)
 
     def summary(self) -> dict:
         """Counts of times by source, plus the device they are keyed by."""
