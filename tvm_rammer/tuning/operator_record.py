@@ -193,9 +193,14 @@ class OperatorRecords:
         """The analytical time of the operator's dlight version its record holds (what the
         profiler weighed when the record was written), or None: no record, or none recorded.
         :meth:`made` checks it against a fresh prediction before any of it is used."""
-        record = self.profiler.operator_record(self.key(scheduled, unscheduled))
-        base = None if record is None or record.get("format") != FORMAT else base_entry(record)
+        record = self._record(scheduled, unscheduled)
+        base = None if record is None else base_entry(record)
         return None if base is None else base.get("predicted_us")
+
+    def _record(self, scheduled, unscheduled) -> dict | None:
+        """The operator's record in this tvm-rammer's :data:`FORMAT`, or None."""
+        record = self.profiler.operator_record(self.key(scheduled, unscheduled))
+        return record if record is not None and record.get("format") == FORMAT else None
 
     def made(self, name: str, scheduled, unscheduled, dlight_only: bool = False) -> Reused | None:
         """The operator's needed versions made from its record (see the module docstring), or
@@ -215,13 +220,13 @@ class OperatorRecords:
         return reused
 
     def _made(self, name, scheduled, unscheduled, max_versions, dlight_only=False) -> Reused | None:
-        record = self.profiler.operator_record(self.key(scheduled, unscheduled))
+        record = self._record(scheduled, unscheduled)
         if record is None or (record.get("dlight_only") and not dlight_only):
             return None  # a record of the dlight version alone, now that others are wanted
         profiler = self.profiler
         if dlight_only:
             base = base_entry(record)
-            found = ([base], False) if base is not None and record.get("format") == FORMAT else None
+            found = None if base is None else ([base], False)
         else:
             found = needed_versions(record, profiler.has_kernel_record, profiler.measures,
                                     profiler.margin, max_versions)
