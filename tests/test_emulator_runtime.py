@@ -158,9 +158,28 @@ extern "C" __global__ void handshake(const int* __restrict__ program, int* __res
 """
 
 
+# the persistent kernel's prologue barrier (cuda_helpers.GRID_SYNC_SOURCE): every block writes its
+# id, passes rammer_grid_sync, then reads every block's id; ``expected`` vEUs are awaited
+GRID = cuda_helpers.GRID_SYNC_SOURCE + r"""
+extern "C" __global__ void grid_barrier(int* __restrict__ page, int* __restrict__ first,
+                                        int* __restrict__ seen, int expected, long long timeout_ns) {
+  if (threadIdx.x == 0) first[blockIdx.x] = (int)blockIdx.x + 1;
+  rammer_grid_sync(page, expected, threadIdx.x, timeout_ns, 3);
+  int s = 0;
+  for (int k = 0; k < (int)gridDim.x; ++k) s += first[k];
+  seen[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def mod():
     return build_module(SNIPPETS)
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return build_module(GRID)
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +297,38 @@ def test_cooperative_grid_sync(mod, order):
 def test_grid_sync_needs_a_cooperative_launch(mod):
     with pytest.raises(EmulatorError, match="not cooperative"):
         mod.launch("grid_ordered", [np.zeros(2, np.int32), np.zeros(64, np.int32)], 2, 32)
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", 7])
+def test_our_grid_barrier_orders_every_block_and_leaves_its_words_ready(grid, order):
+    """rammer_grid_sync, in place of cooperative groups: after it every block sees every block's
+    store; its count is 0 again after each barrier and the generation advances, so one page serves
+    run after run (the module's fault page keeps its contents between runs)."""
+    page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
+    for run in range(1, 4):
+        first = np.zeros(6, np.int32)
+        seen = np.zeros(6 * 64, np.int32)
+        grid.launch("grid_barrier", [page, first, seen, np.int32(6), np.int64(10 ** 10)], 6, 64,
+                    cooperative=True, order=order)
+        assert (seen == 21).all()
+        assert page[cuda_helpers.GRID_COUNT_WORD] == 0
+        assert page[cuda_helpers.GRID_GENERATION_WORD] == run
+        assert page[0] == 0  # no fault
+
+
+def test_our_grid_barrier_gives_up_with_a_fault_when_a_veu_never_arrives(grid):
+    """Negative control: seven vEUs awaited in a grid of six (as if one were not resident) -> the
+    waiting vEUs give up past the time limit (the emulator's virtual clock), record fault 2 with
+    the kernel id, and the kernel ends instead of hanging."""
+    from tvm_rammer import faults
+
+    page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
+    first = np.zeros(6, np.int32)
+    seen = np.zeros(6 * 64, np.int32)
+    grid.launch("grid_barrier", [page, first, seen, np.int32(7), np.int64(100 * 10 ** 9)], 6, 64,
+                cooperative=True)
+    assert page[0] == cuda_helpers.FAULT_GRID_TIMEOUT and page[1] == 3
+    assert "grid barrier waited" in faults.message(faults.describe(page))
 
 
 def test_an_invalid_access_is_an_error_not_a_crash(mod):

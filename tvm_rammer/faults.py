@@ -13,11 +13,12 @@ naming the kernel, the vEU, its instruction and the rTask the barrier guarded; t
 cleared, and the CUDA context is as usable as before. Without tvm_rammer the same words are one call
 away: ``vm["rammer_fault_page"]().numpy()`` (word 0 non-zero: a fault; layout below).
 
-Page layout (int32, :data:`PAGE_WORDS`): code (0 = none, 1 = wait timed out), kernel id (the ``k``
-of ``rammer_rprogram<k>``), vEU, instruction index in that vEU's list, awaited vEU, awaited step,
-step it had reached, dispatch entry and rtask_id of the rTask the barrier guarded; the last word
-holds :data:`PAGE_MAGIC` ("RAMM"), so the page is never mistaken for (or merged with) another
-constant of the model.
+Page layout (int32, :data:`PAGE_WORDS`): code (0 = none, 1 = wait timed out, 2 = the grid barrier
+timed out), kernel id (the ``k`` of ``rammer_rprogram<k>``), vEU, instruction index in that vEU's
+list, awaited vEU, awaited step, step it had reached, dispatch entry and rtask_id of the rTask the
+barrier guarded; words 12 and 13 are the prologue's grid barrier (``cuda_helpers.GRID_SYNC_SOURCE``:
+count and generation, kept between runs); the last word holds :data:`PAGE_MAGIC` ("RAMM"), so the
+page is never mistaken for (or merged with) another constant of the model.
 
 For tests, ``RammerConfig(extra={"inject_unsatisfiable_barrier": True})`` makes the first
 barrier-rTask of every rProgram wait for a step nobody publishes (:func:`inject_test_fault`).
@@ -103,10 +104,11 @@ def message(record: dict, timeout_ms: float | None = None) -> str:
     if record["code"] == FAULT_GRID_TIMEOUT:
         return (f"tvm-rammer: persistent kernel {record['kernel']}: its grid barrier waited {limit} "
                 f"for vEUs that never arrived: not all of its vEUs were resident on the device at "
-                f"once (the AMD runtime has no cooperative launch to refuse such a grid). Every vEU "
-                f"stopped and the kernel ended: the outputs of this run are invalid. Compile with "
-                f"fewer vEUs (--veus-per-sm N, RammerConfig.veus_per_sm) or leave other work off "
-                f"the GPU while it runs.")
+                f"once (the AMD runtime has no cooperative launch to refuse such a grid), or two "
+                f"runs of one module at the same time (two streams, one VM) shared its fault page. "
+                f"Every vEU stopped and the kernel ended: the outputs of this run are invalid. "
+                f"Compile with fewer vEUs (--veus-per-sm N, RammerConfig.veus_per_sm), leave other "
+                f"work off the GPU while it runs, or run one VM per stream.")
     what = "timed out" if record["code"] == FAULT_WAIT_TIMEOUT else f"fault {record['code']}"
     awaited = (f"vEU {record['awaited_veu']} to reach step {record['awaited_step']}"
                if record["awaited_veu"] >= 0 else

@@ -61,11 +61,14 @@ WAIT_NAME = "rammer_wait"
 STOPPED_NAME = "rammer_stopped"
 
 FAULT_WAIT_TIMEOUT = 1  # fault code: a barrier-rTask's wait ran past its time limit
-FAULT_GRID_TIMEOUT = 2  # fault code: the software grid barrier (ROCm) ran past its time limit
+FAULT_GRID_TIMEOUT = 2  # fault code: the software grid barrier ran past its time limit
 # step-array words past the vEUs' steps: code, vEU, instruction, awaited vEU, step, reached step
 STATE_WORDS = 6
 # fault page: code, kernel id, vEU, instruction, awaited vEU, step, reached, next entry, next rTask
 PAGE_WORDS = 16
+GRID_SYNC_NAME = "rammer_grid_sync"
+GRID_COUNT_WORD = 12       # fault page words of the software grid barrier (CUDA and AMDGPU;
+GRID_GENERATION_WORD = 13  # faults.py: 0-8 the record, 15 the magic)
 
 SIGNAL_SOURCE = r"""
 __device__ __forceinline__ void rammer_signal(int* __restrict__ state, int veu, int step) {
@@ -203,6 +206,94 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
   return __syncthreads_or(gave_up);
 }
 """
+
+# The prologue's grid barrier (after every vEU has zeroed its step and the counters). TVM's own
+# ``cuda_grid_sync`` is cooperative groups' ``this_grid().sync()``, whose two headers
+# (<cooperative_groups.h>, <cuda/barrier>: TVM's header generator adds both for it) cost nvcc
+# ~0.7-0.9 s of front-end time per persistent-kernel build: alone they took AlexNet's nvcc from
+# 1.55 to 2.5 s (sm_90a, 2026-11-27) where the barrier is one call per run. This one is a software
+# barrier (sense reversal, the AMDGPU helper's algorithm) on two words of the module's fault page,
+# which keeps its contents between runs (zero when the module is loaded, reset by faults.clear):
+# thread 0 of each vEU reads the generation (acquire), adds 1 to the count (acq_rel, after the
+# vEU's __syncthreads, so the zeroing stores of all its threads are released with it); the last of
+# ``num_veus`` to arrive resets the count and advances the generation (release), the others poll
+# the generation (acquire) and the closing __syncthreads orders the vEU after it. The count is 0
+# again after every barrier, so consecutive kernels of one module reuse the words (two runs of one
+# module at once on two streams would share them: not supported). The kernel is still launched
+# cooperatively, so CUDA refuses a grid whose vEUs cannot all be resident; a barrier that waits
+# past ``timeout_ns`` anyway records :data:`FAULT_GRID_TIMEOUT` in the page and returns.
+GRID_SYNC_SOURCE = r"""
+__device__ __noinline__ void rammer_grid_sync(int* __restrict__ page, int num_veus, int tid,
+                                              long long timeout_ns, int kernel_id) {
+  __syncthreads();
+  if (tid == 0) {
+    int* count = page + RAMMER_GRID_COUNT_WORD;
+    int* generation = page + RAMMER_GRID_GENERATION_WORD;
+    int gen, arrived;
+#ifdef RAMMER_EMULATE
+    gen = ::rammer_emu::load_acquire(generation);
+    arrived = ::rammer_emu::fetch_add_acq_rel(count, 1);
+#else
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(gen) : "l"(generation) : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(arrived) : "l"(count)
+                 : "memory");
+#endif
+    if (arrived == num_veus - 1) {
+#ifdef RAMMER_EMULATE
+      ::rammer_emu::store_release(count, 0);
+      ::rammer_emu::store_release(generation, gen + 1);
+#else
+      asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(count), "r"(0) : "memory");
+      asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(generation), "r"(gen + 1)
+                   : "memory");
+#endif
+    } else {
+      unsigned long long start, now;
+#ifdef RAMMER_EMULATE
+      start = ::rammer_emu::globaltimer();
+#else
+      unsigned int pause = 16;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+#endif
+      for (;;) {
+        int seen;
+#ifdef RAMMER_EMULATE
+        seen = ::rammer_emu::load_acquire(generation);
+#else
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(generation)
+                     : "memory");
+#endif
+        if (seen != gen) break;
+#ifdef RAMMER_EMULATE
+        ::rammer_emu::spin_yield_for("rammer_grid_sync: vEU waits for %lld of %lld vEUs (gen %lld)",
+                                     rammer_emu::load_relaxed(count) + 1, num_veus, gen, 0,
+                                     __LINE__);
+        now = ::rammer_emu::globaltimer();
+#else
+        __nanosleep(pause);
+        if (pause < 128) pause *= 2;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+#endif
+        if ((long long)(now - start) > timeout_ns) {
+          volatile int* words = page;
+          words[1] = kernel_id;
+          __threadfence_system();
+#ifdef RAMMER_EMULATE
+          ::rammer_emu::store_release(page, RAMMER_FAULT_GRID_TIMEOUT);
+#else
+          asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(page),
+                       "r"(RAMMER_FAULT_GRID_TIMEOUT) : "memory");
+#endif
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+""".replace("RAMMER_GRID_COUNT_WORD", str(GRID_COUNT_WORD)).replace(
+    "RAMMER_GRID_GENERATION_WORD", str(GRID_GENERATION_WORD)).replace(
+    "RAMMER_FAULT_GRID_TIMEOUT", str(FAULT_GRID_TIMEOUT))
 
 # --- timeline instrumentation (RammerConfig(timeline=True) only; see tvm_rammer.timeline) ----------
 # Per instruction of a vEU, its first thread records (start, end, SM) in ns of %globaltimer, the

@@ -11,7 +11,7 @@ device-specific go through a dialect object, chosen by the target kind (:func:`d
 * ``finalize(func)``: the finished PrimFunc, rewritten for the device (barriers, attributes).
 
 :class:`CudaDialect` is what the persistent kernel always did: ``cuda_func_call`` with the CUDA
-source of ``cuda_helpers``, a cooperative-groups grid sync, ``tvm_storage_sync("shared")``
+source of ``cuda_helpers``, its software grid barrier, ``tvm_storage_sync("shared")``
 (``__syncthreads``). ``tvm_rammer.rocm.dialect.AmdgpuDialect`` is the AMDGPU one.
 """
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from tvm.backend.cuda import op as cuda_op
 from tvm import tirx
+
+from . import cuda_helpers
 
 
 class CudaDialect:
@@ -31,9 +33,14 @@ class CudaDialect:
         return cuda_op.cuda_func_call(name, *args, source_code=source_code,
                                       return_type=return_type)
 
-    def grid_sync(self, page, num_veus, tid, timeout_ns, kernel_id):  # pylint: disable=unused-argument
-        """The prologue's grid barrier: cooperative groups (the kernel is launched cooperatively)."""
-        return tirx.Evaluate(cuda_op.cuda_grid_sync())
+    def grid_sync(self, page, num_veus, tid, timeout_ns, kernel_id):
+        """The prologue's grid barrier: ``cuda_helpers``' software barrier on the fault page (the
+        kernel is still launched cooperatively); not TVM's cooperative-groups ``cuda_grid_sync``,
+        whose headers cost nvcc most of a second per build (``cuda_helpers.GRID_SYNC_SOURCE``)."""
+        return tirx.Evaluate(self.call(
+            cuda_helpers.GRID_SYNC_NAME, page, tirx.const(num_veus, "int32"), tid,
+            tirx.const(timeout_ns, "int64"), tirx.const(kernel_id, "int32"),
+            source_code=cuda_helpers.GRID_SYNC_SOURCE))
 
     def instantiate(self, default):
         """The rTask instantiation: ``default`` (named barriers over the active threads)."""

@@ -49,17 +49,15 @@ import re
 import subprocess
 import tempfile
 
-from ..codegen.cuda_helpers import (COUNT_NAME, FAULT_GRID_TIMEOUT, RECORD_NAME, SIGNAL_NAME,
+from ..codegen.cuda_helpers import (COUNT_NAME, FAULT_GRID_TIMEOUT, GRID_COUNT_WORD,
+                                    GRID_GENERATION_WORD, GRID_SYNC_NAME, RECORD_NAME, SIGNAL_NAME,
                                     STATE_WORDS, STOPPED_NAME, TIMER_NAME, WAIT_NAME)
 from .toolchain import Toolchain
 
 BARRIER_NAME = "rammer_amd_barrier"
 OPAQUE_TID_NAME = "rammer_opaque_tid"
-GRID_SYNC_NAME = "rammer_grid_sync"
 HELPER_NAMES = (SIGNAL_NAME, COUNT_NAME, WAIT_NAME, STOPPED_NAME, TIMER_NAME, RECORD_NAME,
                 BARRIER_NAME, GRID_SYNC_NAME, OPAQUE_TID_NAME)
-GRID_COUNT_WORD = 12       # fault page words the software grid barrier uses (faults.py: 0-8 used,
-GRID_GENERATION_WORD = 13  # 15 the magic)
 REALTIME_NS_PER_TICK = 10  # s_memrealtime runs at 100 MHz on MI200 / MI300
 
 SOURCE = r"""

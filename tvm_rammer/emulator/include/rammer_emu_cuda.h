@@ -94,6 +94,7 @@ template <class T> inline T load_acquire(const T* p) { return __atomic_load_n(p,
 template <class T> inline T load_relaxed(const T* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 template <class T> inline void store_release(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); note_progress(); }
 template <class T> inline void red_add_release(T* p, T v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); note_progress(); }
+template <class T> inline T fetch_add_acq_rel(T* p, T v) { T o = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); note_progress(); return o; }
 
 // ---- warp collectives of the CUDA surface (shuffles, votes, activemask, syncwarp)
 struct ShflIn { uint64_t bits; int arg; int width; };
