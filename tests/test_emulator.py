@@ -253,6 +253,27 @@ def test_no_cxx_compiler_is_said_before_anything_is_compiled(tmp_path, monkeypat
         _emulator().emulate(str(tmp_path / "not_compiled_yet.onnx"))  # (a missing model file)
 
 
+def test_the_grid_barrier_words_of_the_page_serve_run_after_run(branches_build):
+    """The persistent kernel's prologue barrier (cuda_helpers.GRID_SYNC_SOURCE) keeps its two words
+    in the module's fault page, through the Relax constant the VM owns: after each run the count is
+    0 and the generation one higher, and the outputs stay right."""
+    from tvm_rammer.codegen import cuda_helpers
+    from tvm_rammer.emulator.interpret import Interpreter
+
+    build = branches_build
+    run = Interpreter(build, build.emulated())
+    (launch,) = build.launches()
+    page = run.constant(launch.param("fault_page").relax_const)
+    x = np.random.default_rng(0).standard_normal((1, 256)).astype("float32")
+    first = run(x)
+    for count in (1, 2):
+        out = run(x) if count == 2 else first
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(first))
+        assert page[cuda_helpers.GRID_COUNT_WORD] == 0
+        assert page[cuda_helpers.GRID_GENERATION_WORD] == count
+        assert page[0] == 0
+
+
 # --- faults and negative controls -----------------------------------------------------------------
 
 def test_injected_fault_is_decoded_from_the_emulated_page(branches):

@@ -159,12 +159,17 @@ extern "C" __global__ void handshake(const int* __restrict__ program, int* __res
 
 
 # the persistent kernel's prologue barrier (cuda_helpers.GRID_SYNC_SOURCE): every block writes its
-# id, passes rammer_grid_sync, then reads every block's id; ``expected`` vEUs are awaited
+# id, passes rammer_grid_sync (``expected`` vEUs awaited), says whether it gave up, then reads every
+# block's id
 GRID = cuda_helpers.GRID_SYNC_SOURCE + r"""
-extern "C" __global__ void grid_barrier(int* __restrict__ page, int* __restrict__ first,
-                                        int* __restrict__ seen, int expected, long long timeout_ns) {
+extern "C" __global__ void grid_barrier(int* __restrict__ page, int* __restrict__ state,
+                                        int* __restrict__ first, int* __restrict__ seen,
+                                        int* __restrict__ stopped, int expected,
+                                        long long timeout_ns) {
   if (threadIdx.x == 0) first[blockIdx.x] = (int)blockIdx.x + 1;
-  rammer_grid_sync(page, expected, threadIdx.x, timeout_ns, 3);
+  const int stop = rammer_grid_sync(page, state, expected, threadIdx.x, timeout_ns, 3);
+  stopped[blockIdx.x * blockDim.x + threadIdx.x] = stop;
+  if (stop) return;
   int s = 0;
   for (int k = 0; k < (int)gridDim.x; ++k) s += first[k];
   seen[blockIdx.x * blockDim.x + threadIdx.x] = s;
@@ -299,6 +304,17 @@ def test_grid_sync_needs_a_cooperative_launch(mod):
         mod.launch("grid_ordered", [np.zeros(2, np.int32), np.zeros(64, np.int32)], 2, 32)
 
 
+def _grid_run(grid, page, expected, timeout_ns=10 ** 10, order="forward"):
+    """One launch of ``grid_barrier`` over 6 blocks of 64 threads: (state, seen, stopped)."""
+    state = np.zeros(7 + cuda_helpers.STATE_WORDS, np.int32)
+    first = np.zeros(6, np.int32)
+    seen = np.zeros(6 * 64, np.int32)
+    stopped = np.full(6 * 64, -1, np.int32)
+    grid.launch("grid_barrier", [page, state, first, seen, stopped, np.int32(expected),
+                                 np.int64(timeout_ns)], 6, 64, cooperative=True, order=order)
+    return state, seen, stopped
+
+
 @pytest.mark.parametrize("order", ["forward", "reverse", 7])
 def test_our_grid_barrier_orders_every_block_and_leaves_its_words_ready(grid, order):
     """rammer_grid_sync, in place of cooperative groups: after it every block sees every block's
@@ -306,29 +322,35 @@ def test_our_grid_barrier_orders_every_block_and_leaves_its_words_ready(grid, or
     run after run (the module's fault page keeps its contents between runs)."""
     page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
     for run in range(1, 4):
-        first = np.zeros(6, np.int32)
-        seen = np.zeros(6 * 64, np.int32)
-        grid.launch("grid_barrier", [page, first, seen, np.int32(6), np.int64(10 ** 10)], 6, 64,
-                    cooperative=True, order=order)
-        assert (seen == 21).all()
+        state, seen, stopped = _grid_run(grid, page, 6, order=order)
+        assert (seen == 21).all() and (stopped == 0).all()
         assert page[cuda_helpers.GRID_COUNT_WORD] == 0
         assert page[cuda_helpers.GRID_GENERATION_WORD] == run
-        assert page[0] == 0  # no fault
+        assert page[0] == 0 and state[6] == 0  # no fault
 
 
 def test_our_grid_barrier_gives_up_with_a_fault_when_a_veu_never_arrives(grid):
-    """Negative control: seven vEUs awaited in a grid of six (as if one were not resident) -> the
-    waiting vEUs give up past the time limit (the emulator's virtual clock), record fault 2 with
-    the kernel id, and the kernel ends instead of hanging."""
+    """Negative control: seven vEUs awaited in a grid of six (as if one were not resident) -> past
+    the time limit (the emulator's virtual clock) every waiting vEU gives up: the call returns 1 to
+    all its threads (they skip their instructions), the error word stops the others at their next
+    barrier-rTask, the page records fault 2 with the kernel id, and the kernel ends."""
     from tvm_rammer import faults
 
     page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
-    first = np.zeros(6, np.int32)
-    seen = np.zeros(6 * 64, np.int32)
-    grid.launch("grid_barrier", [page, first, seen, np.int32(7), np.int64(100 * 10 ** 9)], 6, 64,
-                cooperative=True)
+    state, seen, stopped = _grid_run(grid, page, 7, timeout_ns=100 * 10 ** 9)
+    assert (stopped == 1).all() and (seen == 0).all()
+    assert state[7] == cuda_helpers.FAULT_GRID_TIMEOUT  # the error word: state[num_veus]
     assert page[0] == cuda_helpers.FAULT_GRID_TIMEOUT and page[1] == 3
     assert "grid barrier waited" in faults.message(faults.describe(page))
+
+
+def test_a_grid_barrier_timeout_keeps_an_earlier_fault_in_the_page(grid):
+    """The page holds the first fault: a wait's record there already is not overwritten."""
+    page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
+    page[:9] = [1, 5, 2, 4, 0, 9, 3, 8, 11]  # a barrier-rTask's timeout, recorded first
+    before = page[:9].copy()
+    _, _, stopped = _grid_run(grid, page, 7, timeout_ns=100 * 10 ** 9)
+    assert (stopped == 1).all() and (page[:9] == before).all()
 
 
 def test_an_invalid_access_is_an_error_not_a_crash(mod):

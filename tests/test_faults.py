@@ -112,8 +112,8 @@ def test_the_message_names_the_kernel_the_veu_and_the_rtask():
 
 
 def test_a_grid_barrier_timeout_says_the_veus_were_not_resident_not_fault_2():
-    """Code 2 (ROCm's software grid barrier; the rocm helpers record it with the kernel alone) has
-    its own message; a barrier-rTask's code 1 message is the control."""
+    """Code 2 (the prologue's software grid barrier, CUDA and ROCm; it records the kernel alone)
+    has its own message; a barrier-rTask's code 1 message is the control."""
     grid = faults.message(faults.describe(_words(code=cuda_helpers.FAULT_GRID_TIMEOUT, kernel=1)))
     assert "rammer_rprogram1" in grid and "grid barrier" in grid and "resident" in grid
     assert "fault 2" not in grid and "--veus-per-sm" in grid

@@ -32,7 +32,9 @@ theoretical figure that measured loads do not reach.
 The fixed costs of an rProgram come from measurements on an H100 SXM:
 ``launch_us`` (one kernel launch of TVM's default pipeline), ``barrier_us`` (a point-to-point
 step-flag wait between two vEUs) and ``grid_sync_us`` (the one grid-wide sync a persistent kernel with
-barriers needs to reset its step array).
+barriers needs to reset its step array; measured for cooperative groups' grid sync, which the kernel
+used until 2026-11-27: its own software barrier, ``codegen.cuda_helpers.GRID_SYNC_SOURCE``, is not
+measured yet).
 """
 from __future__ import annotations
 

@@ -103,12 +103,14 @@ def message(record: dict, timeout_ms: float | None = None) -> str:
     limit = f"more than {timeout_ms:g} ms" if timeout_ms else "past its time limit"
     if record["code"] == FAULT_GRID_TIMEOUT:
         return (f"tvm-rammer: persistent kernel {record['kernel']}: its grid barrier waited {limit} "
-                f"for vEUs that never arrived: not all of its vEUs were resident on the device at "
-                f"once (the AMD runtime has no cooperative launch to refuse such a grid), or two "
-                f"runs of one module at the same time (two streams, one VM) shared its fault page. "
-                f"Every vEU stopped and the kernel ended: the outputs of this run are invalid. "
-                f"Compile with fewer vEUs (--veus-per-sm N, RammerConfig.veus_per_sm), leave other "
-                f"work off the GPU while it runs, or run one VM per stream.")
+                f"for vEUs that never arrived, and the kernel ended without running its rTasks: "
+                f"the outputs of this run are invalid (the page has been reset). On an AMD GPU "
+                f"(its runtime has no cooperative launch to refuse such a grid) not all of its vEUs "
+                f"were resident at once: compile with fewer vEUs (--veus-per-sm N, "
+                f"RammerConfig.veus_per_sm) or leave other work off the GPU while it runs. On CUDA "
+                f"the cooperative launch makes them resident, so two runs of one VM at the same "
+                f"time (two streams) shared its fault page, whose words the barrier keeps: run one "
+                f"VM per stream.")
     what = "timed out" if record["code"] == FAULT_WAIT_TIMEOUT else f"fault {record['code']}"
     awaited = (f"vEU {record['awaited_veu']} to reach step {record['awaited_step']}"
                if record["awaited_veu"] >= 0 else

@@ -123,7 +123,7 @@ __device__ __forceinline__ void rammer_record_fault(const int* __restrict__ prog
   state[num_veus + 3] = other;
   state[num_veus + 4] = step;
   state[num_veus + 5] = reached;
-  if (fault_page != nullptr) {
+  if (fault_page != nullptr && ((volatile int*)fault_page)[0] == 0) {  // the first fault keeps it
     volatile int* page = fault_page;
     page[1] = kernel_id;
     page[2] = veu;
@@ -217,15 +217,20 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
 # thread 0 of each vEU reads the generation (acquire), adds 1 to the count (acq_rel, after the
 # vEU's __syncthreads, so the zeroing stores of all its threads are released with it); the last of
 # ``num_veus`` to arrive resets the count and advances the generation (release), the others poll
-# the generation (acquire) and the closing __syncthreads orders the vEU after it. The count is 0
-# again after every barrier, so consecutive kernels of one module reuse the words (two runs of one
-# module at once on two streams would share them: not supported). The kernel is still launched
-# cooperatively, so CUDA refuses a grid whose vEUs cannot all be resident; a barrier that waits
-# past ``timeout_ns`` anyway records :data:`FAULT_GRID_TIMEOUT` in the page and returns.
+# the generation (acquire) and the closing barrier orders the vEU after it. The count is 0 again
+# after every barrier, so consecutive kernels of one module reuse the words; two runs of one VM at
+# the same time on two streams would share them (not supported: one VM per stream). The kernel is
+# still launched cooperatively, so CUDA refuses a grid whose vEUs cannot all be resident; a vEU
+# whose wait runs past ``timeout_ns`` anyway sets the error word (``state[num_veus]``: the other
+# vEUs stop at their next barrier-rTask, and no later wait overwrites the record), records
+# :data:`FAULT_GRID_TIMEOUT` in the page unless a fault is there already, and the call returns 1
+# to the whole vEU (``__syncthreads_or``): its instructions are skipped.
 GRID_SYNC_SOURCE = r"""
-__device__ __noinline__ void rammer_grid_sync(int* __restrict__ page, int num_veus, int tid,
-                                              long long timeout_ns, int kernel_id) {
+__device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __restrict__ state,
+                                             int num_veus, int tid, long long timeout_ns,
+                                             int kernel_id) {
   __syncthreads();
+  int timed_out = 0;
   if (tid == 0) {
     int* count = page + RAMMER_GRID_COUNT_WORD;
     int* generation = page + RAMMER_GRID_GENERATION_WORD;
@@ -239,12 +244,13 @@ __device__ __noinline__ void rammer_grid_sync(int* __restrict__ page, int num_ve
                  : "memory");
 #endif
     if (arrived == num_veus - 1) {
+      const int next = (int)((unsigned)gen + 1u);  // wraps after 2^32 runs: only != is tested
 #ifdef RAMMER_EMULATE
       ::rammer_emu::store_release(count, 0);
-      ::rammer_emu::store_release(generation, gen + 1);
+      ::rammer_emu::store_release(generation, next);
 #else
       asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(count), "r"(0) : "memory");
-      asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(generation), "r"(gen + 1)
+      asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(generation), "r"(next)
                    : "memory");
 #endif
     } else {
@@ -265,9 +271,9 @@ __device__ __noinline__ void rammer_grid_sync(int* __restrict__ page, int num_ve
 #endif
         if (seen != gen) break;
 #ifdef RAMMER_EMULATE
-        ::rammer_emu::spin_yield_for("rammer_grid_sync: vEU waits for %lld of %lld vEUs (gen %lld)",
-                                     rammer_emu::load_relaxed(count) + 1, num_veus, gen, 0,
-                                     __LINE__);
+        ::rammer_emu::spin_yield_for(
+            "rammer_grid_sync: vEU %lld waits, %lld of %lld vEUs arrived (generation %lld)",
+            blockIdx.x, ::rammer_emu::load_relaxed(count), num_veus, gen, __LINE__);
         now = ::rammer_emu::globaltimer();
 #else
         __nanosleep(pause);
@@ -275,21 +281,25 @@ __device__ __noinline__ void rammer_grid_sync(int* __restrict__ page, int num_ve
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
 #endif
         if ((long long)(now - start) > timeout_ns) {
+          timed_out = 1;
+          atomicCAS(state + num_veus, 0, RAMMER_FAULT_GRID_TIMEOUT);
           volatile int* words = page;
-          words[1] = kernel_id;
-          __threadfence_system();
+          if (words[0] == 0) {  // the first fault keeps the page
+            words[1] = kernel_id;
+            __threadfence_system();
 #ifdef RAMMER_EMULATE
-          ::rammer_emu::store_release(page, RAMMER_FAULT_GRID_TIMEOUT);
+            ::rammer_emu::store_release(page, RAMMER_FAULT_GRID_TIMEOUT);
 #else
-          asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(page),
-                       "r"(RAMMER_FAULT_GRID_TIMEOUT) : "memory");
+            asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(page),
+                         "r"(RAMMER_FAULT_GRID_TIMEOUT) : "memory");
 #endif
+          }
           break;
         }
       }
     }
   }
-  __syncthreads();
+  return __syncthreads_or(timed_out);
 }
 """.replace("RAMMER_GRID_COUNT_WORD", str(GRID_COUNT_WORD)).replace(
     "RAMMER_GRID_GENERATION_WORD", str(GRID_GENERATION_WORD)).replace(

@@ -5,7 +5,8 @@ device-specific go through a dialect object, chosen by the target kind (:func:`d
 
 * ``call(name, *args, source_code, return_type)``: one helper call (wait, signal, count, stopped,
   timer, record; names and arguments in ``cuda_helpers``);
-* ``grid_sync(page, num_veus, tid, timeout_ns, kernel_id)``: the grid barrier of the prologue;
+* ``grid_sync(page, state, num_veus, tid, timeout_ns, kernel_id)``: the grid barrier of the
+  prologue, an int32 expression: 1 when it timed out (the vEU then skips its instructions);
 * ``instantiate(default)``: the rTask instantiation to use (``tir_templates.rtask_rewrite``'s
   for CUDA; the early-exit scheme differs on AMDGPU, which has no named barriers);
 * ``finalize(func)``: the finished PrimFunc, rewritten for the device (barriers, attributes).
@@ -33,14 +34,14 @@ class CudaDialect:
         return cuda_op.cuda_func_call(name, *args, source_code=source_code,
                                       return_type=return_type)
 
-    def grid_sync(self, page, num_veus, tid, timeout_ns, kernel_id):
-        """The prologue's grid barrier: ``cuda_helpers``' software barrier on the fault page (the
-        kernel is still launched cooperatively); not TVM's cooperative-groups ``cuda_grid_sync``,
-        whose headers cost nvcc most of a second per build (``cuda_helpers.GRID_SYNC_SOURCE``)."""
-        return tirx.Evaluate(self.call(
-            cuda_helpers.GRID_SYNC_NAME, page, tirx.const(num_veus, "int32"), tid,
-            tirx.const(timeout_ns, "int64"), tirx.const(kernel_id, "int32"),
-            source_code=cuda_helpers.GRID_SYNC_SOURCE))
+    def grid_sync(self, page, state, num_veus, tid, timeout_ns, kernel_id):
+        """The prologue's grid barrier, an int32 expression (1: it timed out and the vEU stops):
+        ``cuda_helpers``' software barrier on the fault page (the kernel is still launched
+        cooperatively); not TVM's cooperative-groups ``cuda_grid_sync``, whose headers cost nvcc
+        most of a second per build (``cuda_helpers.GRID_SYNC_SOURCE``)."""
+        return self.call(cuda_helpers.GRID_SYNC_NAME, page, state, tirx.const(num_veus, "int32"),
+                         tid, tirx.const(timeout_ns, "int64"), tirx.const(kernel_id, "int32"),
+                         source_code=cuda_helpers.GRID_SYNC_SOURCE, return_type="int32")
 
     def instantiate(self, default):
         """The rTask instantiation: ``default`` (named barriers over the active threads)."""

@@ -32,7 +32,9 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
 * faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
   extra words and in the module's fault page (an extra input, ``tvm_rammer.faults``), every vEU
   skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
-  raises an error naming the vEU and the rTask, and the CUDA context stays usable.
+  raises an error naming the vEU and the rTask, and the CUDA context stays usable. The prologue's
+  grid barrier has the same time limit (fault 2; the vEUs that gave up skip their instructions, the
+  error word stops the others).
 
 Operators that share one rKernel share one kernel body ("dispatch entry"): the tensors in which
 they differ live in an arena (the rProgram's intermediates in one uint8 work buffer, its constants in
@@ -376,8 +378,8 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
             stmts.append(tirx.For(i, 0, -(-counters // grid), tirx.ForKind.SERIAL, tirx.IfThenElse(
                 index < counters, tirx.BufferStore(state, tirx.const(0, INT32),
                                                    [counter_base + index]), None)))
-        stmts.append(dialect.grid_sync(_ptr(page), num_veus, tid, spec.wait_timeout_ns,
-                                       kernel_id(spec.name)))
+        stmts.append(tirx.BufferStore(stop, dialect.grid_sync(
+            _ptr(page), _ptr(state), num_veus, tid, spec.wait_timeout_ns, kernel_id(spec.name)), [0]))
     stmts.append(loop)
     body = tirx.SeqStmt(stmts)
     if veus_per_sm is not None:

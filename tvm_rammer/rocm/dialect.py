@@ -45,11 +45,12 @@ class AmdgpuDialect:
         """``call_extern`` of helper ``name`` (its CUDA ``source_code`` is not used here)."""
         return tirx.call_extern(return_type, name, *args)
 
-    def grid_sync(self, page, num_veus, tid, timeout_ns, kernel_id):
-        """The software grid barrier on the fault page's two barrier words."""
-        return tirx.Evaluate(tirx.call_extern(
-            "void", GRID_SYNC_NAME, page, tirx.const(num_veus, "int32"), tid,
-            tirx.const(timeout_ns, "int64"), tirx.const(kernel_id, "int32")))
+    def grid_sync(self, page, state, num_veus, tid, timeout_ns, kernel_id):
+        """The software grid barrier on the fault page's two barrier words (int32: 1 when it
+        timed out and the vEU stops)."""
+        return tirx.call_extern("int32", GRID_SYNC_NAME, page, state,
+                                tirx.const(num_veus, "int32"), tid,
+                                tirx.const(timeout_ns, "int64"), tirx.const(kernel_id, "int32"))
 
     def instantiate(self, default):
         """AMDGPU's early exit around ``default`` (``tir_templates.rtask_rewrite.instantiate``)."""

@@ -29,8 +29,10 @@ generation, adds 1 to the count (acq_rel); the last of the ``num_veus`` to arriv
 and advances the generation (release), the others poll the generation (acquire). The count is 0
 again after every barrier, so consecutive kernels of one module reuse the words. Two runs of one
 module at the same time (two streams) would share them: not supported. A barrier that waits past
-the time limit (vEUs not co-resident) records fault :data:`FAULT_GRID_TIMEOUT` in the page and
-returns.
+the time limit (vEUs not co-resident) sets the error word (the other vEUs stop at their next
+barrier-rTask), records fault :data:`FAULT_GRID_TIMEOUT` in the page (unless a fault is there
+already) and returns 1 to the whole vEU, which then skips its instructions (the same as the CUDA
+helper, ``cuda_helpers.GRID_SYNC_SOURCE``).
 
 Time: the 100 MHz "realtime" counter (``s_memrealtime``, MI200/MI300), in ns. Sleep:
 ``s_sleep 2`` (about 128 clocks). The hardware id recorded by the timeline is ``HW_REG_HW_ID``
@@ -106,7 +108,7 @@ static void record_fault(const G int* program, G int* state, G int* page, int ke
   state[num_veus + 3] = other;
   state[num_veus + 4] = step;
   state[num_veus + 5] = reached;
-  if (page) {
+  if (page && ld_acquire(page) == 0) {  // the first fault keeps the page
     page[1] = kernel_id;
     page[2] = veu;
     page[3] = pc;
@@ -151,30 +153,43 @@ int rammer_stopped(const G int* state, int num_veus, int tid) {
   return stop;
 }
 
-void rammer_grid_sync(G int* page, int num_veus, int tid, long timeout_ns, int kernel_id) {
-  // software grid barrier (sense reversal) on two words of the module's fault page
+int rammer_grid_sync(G int* page, G int* state, int num_veus, int tid, long timeout_ns,
+                     int kernel_id) {
+  // software grid barrier (sense reversal) on two words of the module's fault page; 1 to the
+  // whole vEU when it timed out (the vEU then skips its instructions)
+  static L int flag __attribute__((loader_uninitialized));
   rammer_amd_barrier();
   if (tid == 0) {
+    flag = 0;
     G int* count = page + GRID_COUNT_WORD;
     G int* generation = page + GRID_GENERATION_WORD;
     const int gen = ld_acquire(generation);
     const int arrived = __scoped_atomic_fetch_add(count, 1, __ATOMIC_ACQ_REL, AGENT);
     if (arrived == num_veus - 1) {
       __scoped_atomic_store_n(count, 0, __ATOMIC_RELEASE, AGENT);  // no relaxed atomic store
-      __scoped_atomic_store_n(generation, gen + 1, __ATOMIC_RELEASE, AGENT);
+      __scoped_atomic_store_n(generation, (int)((unsigned)gen + 1u), __ATOMIC_RELEASE, AGENT);
     } else {
       const long start = now_ns();
       while (ld_acquire(generation) == gen) {
         __builtin_amdgcn_s_sleep(2);
         if (now_ns() - start > timeout_ns) {
-          page[1] = kernel_id;
-          __scoped_atomic_store_n(page, FAULT_GRID_TIMEOUT, __ATOMIC_RELEASE, SYS);
+          flag = 1;
+          int expected = 0;  // the error word: the other vEUs stop, no wait overwrites the record
+          __scoped_atomic_compare_exchange_n(state + num_veus, &expected, FAULT_GRID_TIMEOUT, 0,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_RELAXED, AGENT);
+          if (ld_acquire(page) == 0) {  // the first fault keeps the page
+            page[1] = kernel_id;
+            __scoped_atomic_store_n(page, FAULT_GRID_TIMEOUT, __ATOMIC_RELEASE, SYS);
+          }
           break;
         }
       }
     }
   }
   rammer_amd_barrier();
+  const int stop = flag;
+  rammer_amd_barrier();
+  return stop;
 }
 
 long rammer_globaltimer(void) { return now_ns(); }

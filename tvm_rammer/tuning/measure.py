@@ -31,8 +31,9 @@ Nothing here waits without a deadline, and no failure is left to poison what fol
 - any failure of a job in the runner (an exception, an illegal address that leaves the CUDA
   context dead, a crash, a timeout) restarts the runner, so the next job gets a fresh context;
 - a persistent kernel timed by :meth:`~CudaDevice.time_kernel` gets an empty fault page
-  (``tvm_rammer.faults``) and the page is read after its warm-up run: a barrier wait that timed
-  out makes the candidate invalid (no time), instead of ~100 timed waits of ``wait_timeout_ms``;
+  (``tvm_rammer.faults``) and the page is read after its warm-up run: a barrier wait (or the
+  prologue's grid barrier) that timed out makes the candidate invalid (no time), instead of ~100
+  timed waits of ``wait_timeout_ms``;
 - worker processes are started with a clean ``__main__`` (:func:`_clean_main`), so a user's
   script without an ``if __name__ == "__main__"`` guard is not run again in each worker;
 - versions are checked at a tolerance for their outputs' dtype (:func:`tolerance_for`);
@@ -384,7 +385,8 @@ def _check_fault_page(specs: list, args: list) -> None:
         if name == FAULT_PAGE_PARAM:
             page = arg.numpy()
             if int(page[0]) != 0:
-                raise RuntimeError(f"timed out: a barrier wait gave up (fault page {page[:9].tolist()})")
+                raise RuntimeError(f"timed out: a barrier wait or the grid barrier gave up (fault page "
+                                   f"{page[:9].tolist()})")
 
 
 def _time_kernel_worker(path: str, specs: list, fixed: dict, number: int, repeat: int) -> float:
