@@ -187,3 +187,52 @@ def test_the_cli_turns_the_device_functions_off_and_leaves_them_on_by_default():
         assert cli._config(parser.parse_args(command)).rkernel_functions is True
         off = parser.parse_args(command + ["--no-rkernel-functions"])
         assert cli._config(off).rkernel_functions is False
+
+
+# --- bodies shared by the kernels of several rPrograms -------------------------------------------
+
+def _definition_text(source: str, kernel: str) -> str:
+    """The body of ``__global__`` function ``kernel``'s definition (not a declaration) in ``source``."""
+    start = re.search(rf"\b{kernel}\([^;{{]*\)\s*\{{", source).end() - 1
+    depth = 0
+    for i in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0:
+            return source[start: i + 1]
+    raise AssertionError(f"{kernel}: no closing brace")
+
+
+def _calls_by_kernel(build) -> dict:
+    """{kernel: the set of device functions its body calls}."""
+    return {k: set(re.findall(r"(\w+_rkernel\d+)\(", _definition_text(build.cuda_source, k)))
+            for k in build.kernels}
+
+
+@needs_cxx
+def test_a_body_two_rprograms_hold_is_one_function_called_from_both(monkeypatch):
+    """LSTM-TC with every wave its own rProgram (``merge="never"``): operators alike in different
+    kernels have the same outlined body, defined once and called from each kernel; the model still
+    gives onnxruntime's outputs on the emulator. Control: with the merging off, each kernel calls
+    only functions of its own, and more are defined."""
+    from tvm_rammer.emulator import emulate, emulation_build
+
+    name = "lstm_tc"
+    config = RammerConfig(**SMALL, merge="never")
+    build = emulation_build(get_model(name, **MODELS[name]), config=config)
+    defined = [fn for fn, _, _ in _DEVICE_FN.findall(build.cuda_source)]
+    calls = _calls_by_kernel(build)
+    assert len(build.kernels) > 1 and len(defined) == len(set(defined))
+    assert set().union(*calls.values()) == set(defined)  # every call has its one definition
+    shared = [fn for fn in defined if sum(fn in c for c in calls.values()) > 1]
+    assert shared, "no body is shared by two kernels"
+    err = _error(get_model(name, **MODELS[name]), emulate(build))
+    assert err <= TOL
+
+    monkeypatch.setattr(rkernel_functions, "_shared_callees", lambda callees: {})
+    alone = emulation_build(get_model(name, **MODELS[name]), config=config)
+    alone_defined = [fn for fn, _, _ in _DEVICE_FN.findall(alone.cuda_source)]
+    assert len(alone_defined) > len(defined)
+    assert all(all(fn.startswith(f"{k}_rkernel") for fn in c)
+               for k, c in _calls_by_kernel(alone).items())
+    print(f"\n{name}, merge=never: {len(build.kernels)} kernels, {len(alone_defined)} -> "
+          f"{len(defined)} device functions ({len(shared)} shared); max rel err {err:.2e}")

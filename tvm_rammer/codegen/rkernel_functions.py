@@ -24,7 +24,9 @@ of a CUDA kernel into a PrimFunc of its own, called from the dispatch loop:
   code uses them: no data passes between rTask bodies through local arrays;
 * the thread index is a parameter; the callee's body runs under ``if (0 <= tid && tid < extent)``
   so that TVM's last passes still know its range (:func:`_thread_extents`);
-* a body that uses an allocation of another scope (warp memory, wmma fragments) stays inline.
+* a body that uses an allocation of another scope (warp memory, wmma fragments) stays inline;
+* callees of different kernels of the module (one per rProgram) that are the same function are
+  defined once and called from each (:func:`_shared_callees`), so nvcc compiles each once.
 
 TVM prints no ``__noinline__``: :func:`noinline_source` adds it to the callees' definitions in the
 generated CUDA (``tvm_callback_cuda_postproc``, installed with the pipeline; see
@@ -230,17 +232,23 @@ def _drop_unused(body, candidates):
 
 
 def outline_module(mod: tvm.IRModule) -> tvm.IRModule:
-    """Outline the marked bodies of the module's CUDA kernels; other targets' marks are removed."""
-    updates = {}
-    for gv, func in mod.functions_items():
+    """Outline the marked bodies of the module's CUDA kernels; other targets' marks are removed.
+    Callees of different kernels that are the same function are one (:func:`_shared_callees`)."""
+    updates, kernels, callees = {}, {}, {}
+    for gv, func in sorted(mod.functions_items(), key=lambda item: item[0].name_hint):
         if not isinstance(func, tirx.PrimFunc) or not has_marks(func):
             continue
         target = func.attrs.get("target") if func.attrs else None
         if target is not None and target.kind.name == "cuda" and int(
                 func.attrs.get("calling_conv", 0)) == 2:
-            updates.update(outline(gv, func))
+            out = outline(gv, func)
+            kernels[gv] = out.pop(gv)
+            callees.update(out)
         else:
             updates[gv] = func.with_body(unmark(func.body))
+    same = _shared_callees(callees)
+    updates.update({gv: _redirect(f, same) if same else f for gv, f in kernels.items()})
+    updates.update({gv: f for gv, f in callees.items() if gv not in same})
     if not updates:
         return mod
     out = tvm.IRModule({gv: f for gv, f in mod.functions_items()}, attrs=mod.attrs,
@@ -248,6 +256,37 @@ def outline_module(mod: tvm.IRModule) -> tvm.IRModule:
     for gv, func in updates.items():
         out[gv] = func
     return out
+
+
+def _shared_callees(callees: dict) -> dict:
+    """{GlobalVar of a callee: the GlobalVar of an earlier callee that is the same function}.
+
+    A model split into several rPrograms has one kernel per rProgram, and a body two of them hold
+    (the same rKernel of operators alike, whose tensors are reached the same way) was outlined once
+    per kernel: nvcc then compiles each copy (reduced to 221 distinct functions of 376 in the
+    profiled NASNet-CIFAR module of ``benchmarks/README.md``). Structurally equal callees (same
+    parameters, body and attributes) are one function, defined once and called from every kernel
+    that has it; the first in name order is kept."""
+    kept, same = {}, {}
+    for gv, func in sorted(callees.items(), key=lambda item: item[0].name_hint):
+        bucket = kept.setdefault(tvm_ffi.structural_hash(func), [])
+        twin = next((k for k, f in bucket if tvm_ffi.structural_equal(f, func)), None)
+        if twin is None:
+            bucket.append((gv, func))
+        else:
+            same[gv] = twin
+    return same
+
+
+def _redirect(func: tirx.PrimFunc, same: dict) -> tirx.PrimFunc:
+    """``func`` with each call of a callee in ``same`` calling the one kept instead."""
+    def call(node):
+        op = node.op
+        if isinstance(op, tvm.ir.GlobalVar) and op in same:
+            return tvm.ir.Call(same[op], node.args, ret_ty="void")
+        return node
+
+    return func.with_body(tvm_ffi.structural_map(func.body, (tvm.ir.Call, call)))
 
 
 # --- __noinline__ in the generated CUDA ------------------------------------------------------------
