@@ -165,8 +165,12 @@ GRID = cuda_helpers.GRID_SYNC_SOURCE + r"""
 extern "C" __global__ void grid_barrier(int* __restrict__ page, int* __restrict__ state,
                                         int* __restrict__ first, int* __restrict__ seen,
                                         int* __restrict__ stopped, int expected,
-                                        long long timeout_ns) {
+                                        long long timeout_ns, long long late_ns) {
   if (threadIdx.x == 0) first[blockIdx.x] = (int)blockIdx.x + 1;
+  if (blockIdx.x == gridDim.x - 1 && late_ns > 0) {  // the last block arrives late_ns late
+    const unsigned long long t0 = __globaltimer();
+    while ((long long)(__globaltimer() - t0) < late_ns) __nanosleep(100);
+  }
   const int stop = rammer_grid_sync(page, state, expected, threadIdx.x, timeout_ns, 3);
   stopped[blockIdx.x * blockDim.x + threadIdx.x] = stop;
   if (stop) return;
@@ -304,14 +308,15 @@ def test_grid_sync_needs_a_cooperative_launch(mod):
         mod.launch("grid_ordered", [np.zeros(2, np.int32), np.zeros(64, np.int32)], 2, 32)
 
 
-def _grid_run(grid, page, expected, timeout_ns=10 ** 10, order="forward"):
+def _grid_run(grid, page, expected, timeout_ns=10 ** 10, order="forward", late_ns=0):
     """One launch of ``grid_barrier`` over 6 blocks of 64 threads: (state, seen, stopped)."""
     state = np.zeros(7 + cuda_helpers.STATE_WORDS, np.int32)
     first = np.zeros(6, np.int32)
     seen = np.zeros(6 * 64, np.int32)
     stopped = np.full(6 * 64, -1, np.int32)
     grid.launch("grid_barrier", [page, state, first, seen, stopped, np.int32(expected),
-                                 np.int64(timeout_ns)], 6, 64, cooperative=True, order=order)
+                                 np.int64(timeout_ns), np.int64(late_ns)], 6, 64,
+                cooperative=True, order=order)
     return state, seen, stopped
 
 
@@ -340,8 +345,22 @@ def test_our_grid_barrier_gives_up_with_a_fault_when_a_veu_never_arrives(grid):
     state, seen, stopped = _grid_run(grid, page, 7, timeout_ns=100 * 10 ** 9)
     assert (stopped == 1).all() and (seen == 0).all()
     assert state[7] == cuda_helpers.FAULT_GRID_TIMEOUT  # the error word: state[num_veus]
+    assert page[cuda_helpers.GRID_GAVE_UP_WORD] == 1
     assert page[0] == cuda_helpers.FAULT_GRID_TIMEOUT and page[1] == 3
     assert "grid barrier waited" in faults.message(faults.describe(page))
+
+
+def test_a_veu_that_passes_the_barrier_after_a_time_out_stops_too(grid):
+    """The last block arrives after the others gave up (a vEU late past the time limit): it
+    completes the barrier, but the page's gave-up word stops it as well, so no vEU runs on state
+    the others never saw zeroed. Control: late by less than the limit, every vEU runs."""
+    page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
+    _, seen, stopped = _grid_run(grid, page, 6, timeout_ns=10 ** 6, late_ns=10 ** 8)
+    assert (stopped == 1).all() and (seen == 0).all()
+    assert page[0] == cuda_helpers.FAULT_GRID_TIMEOUT and page[cuda_helpers.GRID_COUNT_WORD] == 0
+    page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
+    _, seen, stopped = _grid_run(grid, page, 6, timeout_ns=10 ** 8, late_ns=10 ** 6)
+    assert (stopped == 0).all() and (seen == 21).all() and page[0] == 0
 
 
 def test_a_grid_barrier_timeout_keeps_an_earlier_fault_in_the_page(grid):

@@ -236,3 +236,21 @@ def test_a_body_two_rprograms_hold_is_one_function_called_from_both(monkeypatch)
                for k, c in _calls_by_kernel(alone).items())
     print(f"\n{name}, merge=never: {len(build.kernels)} kernels, {len(alone_defined)} -> "
           f"{len(defined)} device functions ({len(shared)} shared); max rel err {err:.2e}")
+
+
+def test_callees_of_kernels_with_other_launch_bounds_stay_apart():
+    """Two callees alike but for their kernels' minimum blocks per SM (``__launch_bounds__``:
+    ptxas compiles a callee once for all its callers) are not merged; alike in that too, they are."""
+    import tvm
+    from tvm import tirx
+
+    def callee(min_blocks):
+        x = tirx.Var("x", "int32")
+        attrs = {"calling_conv": 0, "rammer.min_blocks_per_sm": min_blocks}
+        return tirx.PrimFunc([x], tirx.Evaluate(x + 1)).with_attrs(attrs)
+
+    a, b, c = (tvm.ir.GlobalVar(n) for n in ("k0_kernel_rkernel0", "k1_kernel_rkernel0",
+                                              "k2_kernel_rkernel0"))
+    assert rkernel_functions._shared_callees({a: callee(2), b: callee(4)}) == {}
+    same = rkernel_functions._shared_callees({a: callee(2), b: callee(4), c: callee(2)})
+    assert list(same) == [c] and same[c].same_as(a)

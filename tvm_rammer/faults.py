@@ -16,8 +16,9 @@ away: ``vm["rammer_fault_page"]().numpy()`` (word 0 non-zero: a fault; layout be
 Page layout (int32, :data:`PAGE_WORDS`): code (0 = none, 1 = wait timed out, 2 = the grid barrier
 timed out), kernel id (the ``k`` of ``rammer_rprogram<k>``), vEU, instruction index in that vEU's
 list, awaited vEU, awaited step, step it had reached, dispatch entry and rtask_id of the rTask the
-barrier guarded; words 12 and 13 are the prologue's grid barrier (``cuda_helpers.GRID_SYNC_SOURCE``:
-count and generation, kept between runs); the last word holds :data:`PAGE_MAGIC` ("RAMM"), so the
+barrier guarded; words 12-14 are the prologue's grid barrier (``cuda_helpers.GRID_SYNC_SOURCE``:
+count and generation, kept between runs, and the word a vEU whose barrier timed out sets); the last
+word holds :data:`PAGE_MAGIC` ("RAMM"), so the
 page is never mistaken for (or merged with) another constant of the model.
 
 For tests, ``RammerConfig(extra={"inject_unsatisfiable_barrier": True})`` makes the first
@@ -103,8 +104,9 @@ def message(record: dict, timeout_ms: float | None = None) -> str:
     limit = f"more than {timeout_ms:g} ms" if timeout_ms else "past its time limit"
     if record["code"] == FAULT_GRID_TIMEOUT:
         return (f"tvm-rammer: persistent kernel {record['kernel']}: its grid barrier waited {limit} "
-                f"for vEUs that never arrived, and the kernel ended without running its rTasks: "
-                f"the outputs of this run are invalid (the page has been reset). On an AMD GPU "
+                f"for vEUs that never arrived, and its vEUs stopped (one that passed the barrier "
+                f"before the time-out may have run rTasks first): the outputs of this run are "
+                f"invalid (the page has been reset). On an AMD GPU "
                 f"(its runtime has no cooperative launch to refuse such a grid) not all of its vEUs "
                 f"were resident at once: compile with fewer vEUs (--veus-per-sm N, "
                 f"RammerConfig.veus_per_sm) or leave other work off the GPU while it runs. On CUDA "

@@ -68,7 +68,8 @@ STATE_WORDS = 6
 PAGE_WORDS = 16
 GRID_SYNC_NAME = "rammer_grid_sync"
 GRID_COUNT_WORD = 12       # fault page words of the software grid barrier (CUDA and AMDGPU;
-GRID_GENERATION_WORD = 13  # faults.py: 0-8 the record, 15 the magic)
+GRID_GENERATION_WORD = 13  # faults.py: 0-8 the record, 15 the magic); 14: set by a vEU whose
+GRID_GAVE_UP_WORD = 14     # barrier timed out, so that the vEUs that pass it after stop too
 
 SIGNAL_SOURCE = r"""
 __device__ __forceinline__ void rammer_signal(int* __restrict__ state, int veu, int step) {
@@ -222,10 +223,23 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
 # the same time on two streams would share them (not supported: one VM per stream). The kernel is
 # still launched cooperatively, so CUDA refuses a grid whose vEUs cannot all be resident; a vEU
 # whose wait runs past ``timeout_ns`` anyway sets the error word (``state[num_veus]``: the other
-# vEUs stop at their next barrier-rTask, and no later wait overwrites the record), records
-# :data:`FAULT_GRID_TIMEOUT` in the page unless a fault is there already, and the call returns 1
-# to the whole vEU (``__syncthreads_or``): its instructions are skipped.
+# vEUs stop at their next barrier-rTask, and no later wait overwrites the record) and the page's
+# gave-up word (:data:`GRID_GAVE_UP_WORD`: a late vEU 0 zeroes the error word in its prologue, the
+# page it does not), records :data:`FAULT_GRID_TIMEOUT` in the page unless a fault is there already,
+# and the call returns 1 to the whole vEU (``__syncthreads_or``): its instructions are skipped. A
+# vEU that passes the barrier reads the gave-up word and returns 1 too when it is set (one acquire
+# load per run), so after a time-out no vEU runs rTasks, except one that had passed before it.
 GRID_SYNC_SOURCE = r"""
+__device__ __forceinline__ int rammer_grid_gave_up(const int* page) {
+  int v;
+#ifdef RAMMER_EMULATE
+  v = ::rammer_emu::load_acquire(page + RAMMER_GRID_GAVE_UP_WORD);
+#else
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(page + RAMMER_GRID_GAVE_UP_WORD)
+               : "memory");
+#endif
+  return v != 0;
+}
 __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __restrict__ state,
                                              int num_veus, int tid, long long timeout_ns,
                                              int kernel_id) {
@@ -253,6 +267,7 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
       asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(generation), "r"(next)
                    : "memory");
 #endif
+      timed_out = rammer_grid_gave_up(page);
     } else {
       unsigned long long start, now;
 #ifdef RAMMER_EMULATE
@@ -269,7 +284,10 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
         asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(generation)
                      : "memory");
 #endif
-        if (seen != gen) break;
+        if (seen != gen) {
+          timed_out = rammer_grid_gave_up(page);
+          break;
+        }
 #ifdef RAMMER_EMULATE
         ::rammer_emu::spin_yield_for(
             "rammer_grid_sync: vEU %lld waits, %lld of %lld vEUs arrived (generation %lld)",
@@ -283,6 +301,7 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
         if ((long long)(now - start) > timeout_ns) {
           timed_out = 1;
           atomicCAS(state + num_veus, 0, RAMMER_FAULT_GRID_TIMEOUT);
+          atomicExch(page + RAMMER_GRID_GAVE_UP_WORD, 1);
           volatile int* words = page;
           if (words[0] == 0) {  // the first fault keeps the page
             words[1] = kernel_id;
@@ -301,7 +320,8 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
   }
   return __syncthreads_or(timed_out);
 }
-""".replace("RAMMER_GRID_COUNT_WORD", str(GRID_COUNT_WORD)).replace(
+""".replace("RAMMER_GRID_GAVE_UP_WORD", str(GRID_GAVE_UP_WORD)).replace(
+    "RAMMER_GRID_COUNT_WORD", str(GRID_COUNT_WORD)).replace(
     "RAMMER_GRID_GENERATION_WORD", str(GRID_GENERATION_WORD)).replace(
     "RAMMER_FAULT_GRID_TIMEOUT", str(FAULT_GRID_TIMEOUT))
 

@@ -52,8 +52,9 @@ Table layout (int32)::
     [.., end)              one record per operator: its counter k (-1 when no barrier waits for the
                            whole operator), then its arena offsets (elements)
 
-The state (a per-run call_tir output) is int32[V + 1 + K]: the step of each vEU, the error word,
-then the K operator-completion counters. Each rTask of a counted operator adds 1 to its counter
+The state (a per-run call_tir output) is int32[V + STATE_WORDS + K]: the step of each vEU, the
+error word and the fault record (``cuda_helpers.STATE_WORDS`` words), then the K
+operator-completion counters. Each rTask of a counted operator adds 1 to its counter
 (release, after ``__syncthreads``), so one counter wait replaces a wait on every vEU the operator
 ran on (``BarrierRTask.ops``).
 """

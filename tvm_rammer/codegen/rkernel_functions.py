@@ -163,6 +163,7 @@ def outline(gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> dict:
     """``{GlobalVar: PrimFunc}``: ``func`` with each marked body replaced by a call, and one
     callee per dispatch entry (see the module docstring). A body that must stay inline does."""
     defs, glue, threads = _definitions(func.body), _glue_uses(func.body), _thread_extents(func.body)
+    min_blocks = _min_blocks_per_sm(func.body)
     callees, sunk_all = {}, set()
     target = func.attrs["target"]
     noalias = bool(func.attrs.get("tirx.noalias", False))
@@ -184,6 +185,8 @@ def outline(gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> dict:
             body = tirx.IfThenElse(cond, body, None)
         body = tirx.SeqStmt([*prologue, body]) if prologue else body
         attrs = {"target": target, "calling_conv": 0}
+        if min_blocks is not None:  # bodies of kernels with other launch bounds stay apart
+            attrs["rammer.min_blocks_per_sm"] = min_blocks
         if noalias:
             attrs["tirx.noalias"] = True
         callees[callee] = tirx.PrimFunc(params, body, ret_type=None).with_attrs(attrs)
@@ -193,6 +196,20 @@ def outline(gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> dict:
     body = tvm_ffi.structural_map(func.body, (tirx.AttrStmt, replace), order="pre")
     body = _drop_unused(body, sunk_all)
     return {gvar: func.with_body(body), **callees}
+
+
+def _min_blocks_per_sm(body):
+    """The kernel's ``__launch_bounds__`` minimum of blocks per SM (its vEUs per SM), or None.
+    ptxas compiles a callee once for every kernel that calls it, so a callee records it and
+    :func:`_shared_callees` merges only callees of kernels with the same bounds."""
+    found = []
+
+    def visit(node):
+        if node.attr_key == "tirx.launch_bounds_min_blocks_per_sm":
+            found.append(int(node.value))
+
+    tvm_ffi.structural_walk(body, (tirx.AttrStmt, visit))
+    return found[0] if found else None
 
 
 def _thread_extents(body) -> dict:
@@ -265,8 +282,9 @@ def _shared_callees(callees: dict) -> dict:
     (the same rKernel of operators alike, whose tensors are reached the same way) was outlined once
     per kernel: nvcc then compiles each copy (reduced to 221 distinct functions of 376 in the
     profiled NASNet-CIFAR module of ``benchmarks/README.md``). Structurally equal callees (same
-    parameters, body and attributes) are one function, defined once and called from every kernel
-    that has it; the first in name order is kept."""
+    parameters, body and attributes: the thread-extent guard and the kernel's minimum blocks per
+    SM among them, so only kernels of the same launch bounds share one) are one function, defined
+    once and called from every kernel that has it; the first in name order is kept."""
     kept, same = {}, {}
     for gv, func in sorted(callees.items(), key=lambda item: item[0].name_hint):
         bucket = kept.setdefault(tvm_ffi.structural_hash(func), [])

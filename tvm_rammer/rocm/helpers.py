@@ -30,9 +30,10 @@ and advances the generation (release), the others poll the generation (acquire).
 again after every barrier, so consecutive kernels of one module reuse the words. Two runs of one
 module at the same time (two streams) would share them: not supported. A barrier that waits past
 the time limit (vEUs not co-resident) sets the error word (the other vEUs stop at their next
-barrier-rTask), records fault :data:`FAULT_GRID_TIMEOUT` in the page (unless a fault is there
-already) and returns 1 to the whole vEU, which then skips its instructions (the same as the CUDA
-helper, ``cuda_helpers.GRID_SYNC_SOURCE``).
+barrier-rTask) and the page's gave-up word (a vEU that passes the barrier after it stops too),
+records fault :data:`FAULT_GRID_TIMEOUT` in the page (unless a fault is there already) and returns
+1 to the whole vEU, which then skips its instructions (the same as the CUDA helper,
+``cuda_helpers.GRID_SYNC_SOURCE``).
 
 Time: the 100 MHz "realtime" counter (``s_memrealtime``, MI200/MI300), in ns. Sleep:
 ``s_sleep 2`` (about 128 clocks). The hardware id recorded by the timeline is ``HW_REG_HW_ID``
@@ -52,7 +53,7 @@ import subprocess
 import tempfile
 
 from ..codegen.cuda_helpers import (COUNT_NAME, FAULT_GRID_TIMEOUT, GRID_COUNT_WORD,
-                                    GRID_GENERATION_WORD, GRID_SYNC_NAME, RECORD_NAME, SIGNAL_NAME,
+                                    GRID_GAVE_UP_WORD, GRID_GENERATION_WORD, GRID_SYNC_NAME, RECORD_NAME, SIGNAL_NAME,
                                     STATE_WORDS, STOPPED_NAME, TIMER_NAME, WAIT_NAME)
 from .toolchain import Toolchain
 
@@ -168,12 +169,14 @@ int rammer_grid_sync(G int* page, G int* state, int num_veus, int tid, long time
     if (arrived == num_veus - 1) {
       __scoped_atomic_store_n(count, 0, __ATOMIC_RELEASE, AGENT);  // no relaxed atomic store
       __scoped_atomic_store_n(generation, (int)((unsigned)gen + 1u), __ATOMIC_RELEASE, AGENT);
+      flag = ld_acquire(page + GRID_GAVE_UP_WORD) != 0;
     } else {
       const long start = now_ns();
       while (ld_acquire(generation) == gen) {
         __builtin_amdgcn_s_sleep(2);
         if (now_ns() - start > timeout_ns) {
           flag = 1;
+          __scoped_atomic_exchange_n(page + GRID_GAVE_UP_WORD, 1, __ATOMIC_RELAXED, AGENT);
           int expected = 0;  // the error word: the other vEUs stop, no wait overwrites the record
           __scoped_atomic_compare_exchange_n(state + num_veus, &expected, FAULT_GRID_TIMEOUT, 0,
                                              __ATOMIC_ACQ_REL, __ATOMIC_RELAXED, AGENT);
@@ -184,6 +187,7 @@ int rammer_grid_sync(G int* page, G int* state, int num_veus, int tid, long time
           break;
         }
       }
+      if (!flag) flag = ld_acquire(page + GRID_GAVE_UP_WORD) != 0;
     }
   }
   rammer_amd_barrier();
@@ -215,6 +219,7 @@ void rammer_record(G long* timeline, int index, long start) {
 # s_getreg immediate: register HW_ID (4), offset 0, 32 bits (size - 1 = 31 in bits 15:11)
 _HW_ID_GETREG = 4 | (0 << 6) | (31 << 11)
 _DEFINES = {"RAMMER_STATE_WORDS": STATE_WORDS, "GRID_COUNT_WORD": GRID_COUNT_WORD,
+            "GRID_GAVE_UP_WORD": GRID_GAVE_UP_WORD,
             "GRID_GENERATION_WORD": GRID_GENERATION_WORD, "FAULT_GRID_TIMEOUT": FAULT_GRID_TIMEOUT,
             "REALTIME_NS_PER_TICK": REALTIME_NS_PER_TICK, "HW_ID_GETREG": _HW_ID_GETREG}
 _DEFINE_RE = re.compile(r"^define (?:(?:dso_local|hidden|internal|weak|linkonce_odr) )*", re.M)
