@@ -50,15 +50,20 @@ def _entries(build) -> int:
     return json.loads(str(func.attrs["rammer.report"]))["kernel_bodies"]
 
 
-def _kernel_text(source: str, kernel: str) -> str:
-    """The definition of ``__global__`` function ``kernel`` in ``source`` (to its closing brace)."""
-    start = source.index("{", source.index(f" {kernel}(", source.index("__global__")))
+def _braced(source: str, start: int, what: str) -> str:
+    """``source`` from the ``{`` at ``start`` to its matching ``}``."""
     depth = 0
     for i in range(start, len(source)):
         depth += {"{": 1, "}": -1}.get(source[i], 0)
         if depth == 0:
             return source[start: i + 1]
-    raise AssertionError(f"{kernel}: no closing brace")
+    raise AssertionError(f"{what}: no closing brace")
+
+
+def _kernel_text(source: str, kernel: str) -> str:
+    """The definition of ``__global__`` function ``kernel`` in ``source`` (to its closing brace)."""
+    return _braced(source, source.index("{", source.index(f" {kernel}(", source.index("__global__"))),
+                   kernel)
 
 
 def _error(proto, result) -> float:
@@ -193,13 +198,7 @@ def test_the_cli_turns_the_device_functions_off_and_leaves_them_on_by_default():
 
 def _definition_text(source: str, kernel: str) -> str:
     """The body of ``__global__`` function ``kernel``'s definition (not a declaration) in ``source``."""
-    start = re.search(rf"\b{kernel}\([^;{{]*\)\s*\{{", source).end() - 1
-    depth = 0
-    for i in range(start, len(source)):
-        depth += {"{": 1, "}": -1}.get(source[i], 0)
-        if depth == 0:
-            return source[start: i + 1]
-    raise AssertionError(f"{kernel}: no closing brace")
+    return _braced(source, re.search(rf"\b{kernel}\([^;{{]*\)\s*\{{", source).end() - 1, kernel)
 
 
 def _calls_by_kernel(build) -> dict:
