@@ -217,7 +217,17 @@ def test_a_body_two_rprograms_hold_is_one_function_called_from_both(monkeypatch)
 
     name = "lstm_tc"
     config = RammerConfig(**SMALL, merge="never")
+    outline, bounds = rkernel_functions.outline, []
+
+    def recording(gvar, func):  # the launch bounds each callee records (SMALL: 1 vEU per SM)
+        out = outline(gvar, func)
+        bounds.extend((f.attrs or {}).get("rammer.min_blocks_per_sm") for g, f in out.items()
+                      if g is not gvar)
+        return out
+
+    monkeypatch.setattr(rkernel_functions, "outline", recording)
     build = emulation_build(get_model(name, **MODELS[name]), config=config)
+    assert bounds and all(b is not None and int(b) == 1 for b in bounds)
     defined = [fn for fn, _, _ in _DEVICE_FN.findall(build.cuda_source)]
     calls = _calls_by_kernel(build)
     assert len(build.kernels) > 1 and len(defined) == len(set(defined))
@@ -253,3 +263,18 @@ def test_callees_of_kernels_with_other_launch_bounds_stay_apart():
     assert rkernel_functions._shared_callees({a: callee(2), b: callee(4)}) == {}
     same = rkernel_functions._shared_callees({a: callee(2), b: callee(4), c: callee(2)})
     assert list(same) == [c] and same[c].same_as(a)
+
+
+def test_the_launch_bounds_are_read_from_the_kernel_attribute_or_its_body():
+    """After SplitHostDevice the minimum blocks per SM is the kernel's attribute; before, an
+    AttrStmt of its body; neither: None."""
+    from tvm import tirx
+
+    x = tirx.Var("x", "int32")
+    plain = tirx.PrimFunc([x], tirx.Evaluate(x))
+    key = "tirx.launch_bounds_min_blocks_per_sm"
+    assert rkernel_functions._min_blocks_per_sm(plain) is None
+    assert rkernel_functions._min_blocks_per_sm(plain.with_attr(key, 3)) == 3
+    wrapped = tirx.PrimFunc([x], tirx.AttrStmt(tirx.const(0, "int32"), key, tirx.const(2, "int32"),
+                                               tirx.Evaluate(x)))
+    assert rkernel_functions._min_blocks_per_sm(wrapped) == 2

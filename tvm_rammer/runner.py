@@ -93,7 +93,9 @@ def execute(ex, inputs: list, dev, runs: int = 200) -> tuple:
     args = [tvm.runtime.tensor(x, dev) for x in inputs]
     outs = _flatten(_launch(vm, args, dev))
     timer = vm.time_evaluator("main", dev, number=max(1, runs // 10), repeat=10, min_repeat_ms=0)
-    return outs, float(timer(*args).median * 1e6)
+    median = float(timer(*args).median * 1e6)
+    faults.check(vm)  # a fault while timing: the time is not the model's (the kernels stopped)
+    return outs, median
 
 
 def run_model(model, target, config: RammerConfig | None = None, runs: int = 200,

@@ -213,7 +213,7 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
 # (<cooperative_groups.h>, <cuda/barrier>: TVM's header generator adds both for it) cost nvcc
 # ~0.7-0.9 s of front-end time per persistent-kernel build: alone they took AlexNet's nvcc from
 # 1.55 to 2.5 s (sm_90a, 2026-11-27) where the barrier is one call per run. This one is a software
-# barrier (sense reversal, the AMDGPU helper's algorithm) on two words of the module's fault page,
+# barrier (sense reversal, the AMDGPU helper's algorithm) on words of the module's fault page,
 # which keeps its contents between runs (zero when the module is loaded, reset by faults.clear):
 # thread 0 of each vEU reads the generation (acquire), adds 1 to the count (acq_rel, after the
 # vEU's __syncthreads, so the zeroing stores of all its threads are released with it); the last of
@@ -228,7 +228,9 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
 # page it does not), records :data:`FAULT_GRID_TIMEOUT` in the page unless a fault is there already,
 # and the call returns 1 to the whole vEU (``__syncthreads_or``): its instructions are skipped. A
 # vEU that passes the barrier reads the gave-up word and returns 1 too when it is set (one acquire
-# load per run), so after a time-out no vEU runs rTasks, except one that had passed before it.
+# load per run), so after a time-out no vEU runs rTasks, except one that had passed before it. The
+# word stays set until the page is reset (``faults.check`` / ``clear``): until then every run of
+# that VM stops at once (its outputs invalid, word 0 still saying fault 2).
 GRID_SYNC_SOURCE = r"""
 __device__ __forceinline__ int rammer_grid_gave_up(const int* page) {
   int v;
@@ -300,8 +302,9 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
 #endif
         if ((long long)(now - start) > timeout_ns) {
           timed_out = 1;
-          atomicCAS(state + num_veus, 0, RAMMER_FAULT_GRID_TIMEOUT);
           atomicExch(page + RAMMER_GRID_GAVE_UP_WORD, 1);
+          __threadfence();
+          atomicCAS(state + num_veus, 0, RAMMER_FAULT_GRID_TIMEOUT);
           volatile int* words = page;
           if (words[0] == 0) {  // the first fault keeps the page
             words[1] = kernel_id;

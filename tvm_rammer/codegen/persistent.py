@@ -12,7 +12,7 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   publishes ``step[vEU] = order + 1``; a barrier-rTask instruction polls its wait list
   (``cuda_helpers.WAIT_SOURCE``) and ends with ``__syncthreads``;
 * the step array is a fresh per-run buffer (a call_tir output): each vEU zeroes its own entry and
-  one grid barrier follows (``cuda_helpers.GRID_SYNC_SOURCE``: a software barrier on two words of
+  one grid barrier follows (``cuda_helpers.GRID_SYNC_SOURCE``: a software barrier on three words of
   the module's fault page, not cooperative groups, whose headers cost nvcc most of a second per
   build); its words are 0 again after each barrier, so runs after runs reuse them, but two runs of
   one VM at the same time on two streams would share them (each VM has its own page);

@@ -46,6 +46,7 @@ ATTR = "rammer.rkernel_function"
 SUFFIX = "_rkernel"
 _SINKABLE = ("local",)
 _POSTPROC = "tvm_callback_cuda_postproc"
+_MIN_BLOCKS = "tirx.launch_bounds_min_blocks_per_sm"
 
 
 def mark(body: tirx.Stmt, k: int) -> tirx.Stmt:
@@ -163,7 +164,7 @@ def outline(gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> dict:
     """``{GlobalVar: PrimFunc}``: ``func`` with each marked body replaced by a call, and one
     callee per dispatch entry (see the module docstring). A body that must stay inline does."""
     defs, glue, threads = _definitions(func.body), _glue_uses(func.body), _thread_extents(func.body)
-    min_blocks = _min_blocks_per_sm(func.body)
+    min_blocks = _min_blocks_per_sm(func)
     callees, sunk_all = {}, set()
     target = func.attrs["target"]
     noalias = bool(func.attrs.get("tirx.noalias", False))
@@ -198,17 +199,22 @@ def outline(gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> dict:
     return {gvar: func.with_body(body), **callees}
 
 
-def _min_blocks_per_sm(body):
+def _min_blocks_per_sm(func: tirx.PrimFunc):
     """The kernel's ``__launch_bounds__`` minimum of blocks per SM (its vEUs per SM), or None.
     ptxas compiles a callee once for every kernel that calls it, so a callee records it and
-    :func:`_shared_callees` merges only callees of kernels with the same bounds."""
+    :func:`_shared_callees` merges only callees of kernels with the same bounds. After
+    ``SplitHostDevice`` (where :func:`outline` runs) it is the kernel's attribute; before, an
+    AttrStmt of its body."""
+    value = (func.attrs or {}).get(_MIN_BLOCKS)
+    if value is not None:
+        return int(value)
     found = []
 
     def visit(node):
-        if node.attr_key == "tirx.launch_bounds_min_blocks_per_sm":
+        if node.attr_key == _MIN_BLOCKS:
             found.append(int(node.value))
 
-    tvm_ffi.structural_walk(body, (tirx.AttrStmt, visit))
+    tvm_ffi.structural_walk(func.body, (tirx.AttrStmt, visit))
     return found[0] if found else None
 
 

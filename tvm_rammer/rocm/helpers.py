@@ -22,8 +22,8 @@ release fence, ``s_barrier``, a workgroup-scope acquire fence. TVM's own ``tvm_s
 operations; the persistent kernel uses ours everywhere (:mod:`tvm_rammer.rocm.dialect`).
 
 Grid barrier (``rammer_grid_sync``): TVM's ROCm runtime has no cooperative launch, so this is a
-software barrier (sense reversal) on two words of the module's fault page
-(:data:`GRID_COUNT_WORD`, :data:`GRID_GENERATION_WORD`), the one int32 buffer a module owns that
+software barrier (sense reversal) on three words of the module's fault page
+(:data:`GRID_COUNT_WORD`, :data:`GRID_GENERATION_WORD`, :data:`GRID_GAVE_UP_WORD`), the one int32 buffer a module owns that
 keeps its contents between runs (zero when the module is loaded). Thread 0 of each vEU reads the
 generation, adds 1 to the count (acq_rel); the last of the ``num_veus`` to arrive resets the count
 and advances the generation (release), the others poll the generation (acquire). The count is 0
@@ -53,8 +53,9 @@ import subprocess
 import tempfile
 
 from ..codegen.cuda_helpers import (COUNT_NAME, FAULT_GRID_TIMEOUT, GRID_COUNT_WORD,
-                                    GRID_GAVE_UP_WORD, GRID_GENERATION_WORD, GRID_SYNC_NAME, RECORD_NAME, SIGNAL_NAME,
-                                    STATE_WORDS, STOPPED_NAME, TIMER_NAME, WAIT_NAME)
+                                    GRID_GAVE_UP_WORD, GRID_GENERATION_WORD, GRID_SYNC_NAME,
+                                    RECORD_NAME, SIGNAL_NAME, STATE_WORDS, STOPPED_NAME,
+                                    TIMER_NAME, WAIT_NAME)
 from .toolchain import Toolchain
 
 BARRIER_NAME = "rammer_amd_barrier"
@@ -156,7 +157,7 @@ int rammer_stopped(const G int* state, int num_veus, int tid) {
 
 int rammer_grid_sync(G int* page, G int* state, int num_veus, int tid, long timeout_ns,
                      int kernel_id) {
-  // software grid barrier (sense reversal) on two words of the module's fault page; 1 to the
+  // software grid barrier (sense reversal) on three words of the module's fault page; 1 to the
   // whole vEU when it timed out (the vEU then skips its instructions)
   static L int flag __attribute__((loader_uninitialized));
   rammer_amd_barrier();
