@@ -32,7 +32,8 @@ making versions, the rKernel batches, the policy's whole-plan materializing and 
 persistent kernels' TIR, the rProgram builds) and what the budget left unmeasured. The ``rammer``
 pipeline only (``frontend.lower``), not ``tvm.compile``'s final build; with ``--whole`` each compile
 is also finished as ``tvm.compile`` finishes it on a GPU host (the build, then nvcc on the module's
-CUDA source: what a user waits for) and a second table compares those whole compiles.
+CUDA source: what a user waits for) and a second table compares those whole compiles; its rows
+also count the kernels and the device functions (outlined rKernel bodies) nvcc compiled.
 """
 from __future__ import annotations
 
@@ -137,10 +138,14 @@ if whole == "1":  # the rest of tvm.compile on a GPU host: the build, then the C
     begin = time.perf_counter()
     ex = tvm.compile(lowered, target=target, relax_pipeline=None)
     finish["build_s"] = round(time.perf_counter() - begin, 1)
+    sources = [str(m.inspect_source()) for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     begin = time.perf_counter()
-    for source in [m.inspect_source() for m in ex.mod.imports[0].imports if m.kind == "cuda"]:
-        nvcc_with_log(str(source), target)  # TVM's nvcc mode's own command
+    for source in sources:
+        nvcc_with_log(source, target)  # TVM's nvcc mode's own command
     finish["nvcc_s"] = round(time.perf_counter() - begin, 1)
+    import re  # what nvcc compiled: kernels, and device functions (outlined rKernel bodies)
+    finish["cuda_kernels"] = sum(len(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))? (\w+)\([^;]*\)\s*\{", s)) for s in sources)
+    finish["device_functions"] = sum(len(re.findall(r'^extern "C" __device__ __noinline__ void \w+\([^;]*\)\s*\{', s, re.M)) for s in sources)
 print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
                   "kernel_builds": device._count - device.rprogram_builds if device else 0,
                   "rprogram_builds": device.rprogram_builds if device else 0,
