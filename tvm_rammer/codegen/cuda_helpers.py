@@ -124,8 +124,8 @@ __device__ __forceinline__ void rammer_record_fault(const int* __restrict__ prog
   state[num_veus + 3] = other;
   state[num_veus + 4] = step;
   state[num_veus + 5] = reached;
-  if (fault_page != nullptr && ((volatile int*)fault_page)[0] == 0) {  // the first fault keeps it
-    volatile int* page = fault_page;
+  volatile int* page = fault_page;
+  if (page != nullptr && page[0] == 0) {  // the first fault keeps the page
     page[1] = kernel_id;
     page[2] = veu;
     page[3] = pc;
@@ -232,30 +232,39 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
 # word stays set until the page is reset (``faults.check`` / ``clear``): until then every run of
 # that VM stops at once (its outputs invalid, word 0 still saying fault 2).
 GRID_SYNC_SOURCE = r"""
-__device__ __forceinline__ int rammer_grid_gave_up(const int* page) {
-  int v;
+__device__ __forceinline__ int rammer_grid_acquire(const int* p) {
 #ifdef RAMMER_EMULATE
-  v = ::rammer_emu::load_acquire(page + RAMMER_GRID_GAVE_UP_WORD);
+  return ::rammer_emu::load_acquire(p);
 #else
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(page + RAMMER_GRID_GAVE_UP_WORD)
-               : "memory");
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 #endif
-  return v != 0;
+}
+__device__ __forceinline__ unsigned long long rammer_grid_now_ns() {
+#ifdef RAMMER_EMULATE
+  return ::rammer_emu::globaltimer();
+#else
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
 }
 __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __restrict__ state,
                                              int num_veus, int tid, long long timeout_ns,
                                              int kernel_id) {
+  // (its own acquire and clock helpers: a helper's source is placed once per name, in no set
+  // order, so it cannot use those of WAIT_SOURCE)
   __syncthreads();
   int timed_out = 0;
   if (tid == 0) {
     int* count = page + RAMMER_GRID_COUNT_WORD;
     int* generation = page + RAMMER_GRID_GENERATION_WORD;
-    int gen, arrived;
+    const int gen = rammer_grid_acquire(generation);
+    int arrived;
 #ifdef RAMMER_EMULATE
-    gen = ::rammer_emu::load_acquire(generation);
     arrived = ::rammer_emu::fetch_add_acq_rel(count, 1);
 #else
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(gen) : "l"(generation) : "memory");
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(arrived) : "l"(count)
                  : "memory");
 #endif
@@ -269,38 +278,26 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
       asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(generation), "r"(next)
                    : "memory");
 #endif
-      timed_out = rammer_grid_gave_up(page);
+      timed_out = rammer_grid_acquire(page + RAMMER_GRID_GAVE_UP_WORD) != 0;
     } else {
-      unsigned long long start, now;
-#ifdef RAMMER_EMULATE
-      start = ::rammer_emu::globaltimer();
-#else
+      const unsigned long long start = rammer_grid_now_ns();
+#ifndef RAMMER_EMULATE
       unsigned int pause = 16;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
 #endif
       for (;;) {
-        int seen;
-#ifdef RAMMER_EMULATE
-        seen = ::rammer_emu::load_acquire(generation);
-#else
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(generation)
-                     : "memory");
-#endif
-        if (seen != gen) {
-          timed_out = rammer_grid_gave_up(page);
+        if (rammer_grid_acquire(generation) != gen) {
+          timed_out = rammer_grid_acquire(page + RAMMER_GRID_GAVE_UP_WORD) != 0;
           break;
         }
 #ifdef RAMMER_EMULATE
         ::rammer_emu::spin_yield_for(
             "rammer_grid_sync: vEU %lld waits, %lld of %lld vEUs arrived (generation %lld)",
             blockIdx.x, ::rammer_emu::load_relaxed(count), num_veus, gen, __LINE__);
-        now = ::rammer_emu::globaltimer();
 #else
         __nanosleep(pause);
         if (pause < 128) pause *= 2;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
 #endif
-        if ((long long)(now - start) > timeout_ns) {
+        if ((long long)(rammer_grid_now_ns() - start) > timeout_ns) {
           timed_out = 1;
           atomicExch(page + RAMMER_GRID_GAVE_UP_WORD, 1);
           __threadfence();
