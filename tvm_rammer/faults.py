@@ -18,8 +18,8 @@ timed out), kernel id (the ``k`` of ``rammer_rprogram<k>``), vEU, instruction in
 list, awaited vEU, awaited step, step it had reached, dispatch entry and rtask_id of the rTask the
 barrier guarded; words 12-14 are the prologue's grid barrier (``cuda_helpers.GRID_SYNC_SOURCE``:
 count and generation, kept between runs, and the word a vEU whose barrier timed out sets); the last
-word holds :data:`PAGE_MAGIC` ("RAMM"), so the
-page is never mistaken for (or merged with) another constant of the model.
+word holds :data:`PAGE_MAGIC` ("RAMM"), so the page is never mistaken for (or merged with) another
+constant of the model.
 
 For tests, ``RammerConfig(extra={"inject_unsatisfiable_barrier": True})`` makes the first
 barrier-rTask of every rProgram wait for a step nobody publishes (:func:`inject_test_fault`).

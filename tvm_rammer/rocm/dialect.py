@@ -46,7 +46,7 @@ class AmdgpuDialect:
         return tirx.call_extern(return_type, name, *args)
 
     def grid_sync(self, page, state, num_veus, tid, timeout_ns, kernel_id):
-        """The software grid barrier on the fault page's two barrier words (int32: 1 when it
+        """The software grid barrier on the fault page's three barrier words (int32: 1 when it
         timed out and the vEU stops)."""
         return tirx.call_extern("int32", GRID_SYNC_NAME, page, state,
                                 tirx.const(num_veus, "int32"), tid,
