@@ -93,8 +93,11 @@ __device__ __forceinline__ void rammer_count(int* __restrict__ state, int slot) 
 }
 """
 
-WAIT_SOURCE = r"""
-__device__ __forceinline__ int rammer_ld_acquire(const int* p) {
+# An acquire load at GPU scope and the %globaltimer clock, for the helpers that poll: each helper
+# source that needs them carries its own copy under its own names (TVM places a helper's source
+# once per function name, in no set order, so one source cannot call another's).
+_POLL_PRIMITIVES = r"""
+__device__ __forceinline__ int ACQUIRE(const int* p) {
 #ifdef RAMMER_EMULATE
   return ::rammer_emu::load_acquire(p);
 #else
@@ -103,7 +106,7 @@ __device__ __forceinline__ int rammer_ld_acquire(const int* p) {
   return v;
 #endif
 }
-__device__ __forceinline__ unsigned long long rammer_now_ns() {
+__device__ __forceinline__ unsigned long long NOW_NS() {
 #ifdef RAMMER_EMULATE
   return ::rammer_emu::globaltimer();
 #else
@@ -112,7 +115,15 @@ __device__ __forceinline__ unsigned long long rammer_now_ns() {
   return t;
 #endif
 }
-__device__ __forceinline__ void rammer_record_fault(const int* __restrict__ program,
+"""
+
+
+def _poll_primitives(acquire: str, now_ns: str) -> str:
+    """:data:`_POLL_PRIMITIVES` under the names ``acquire`` and ``now_ns``."""
+    return _POLL_PRIMITIVES.replace("ACQUIRE", acquire).replace("NOW_NS", now_ns)
+
+
+WAIT_SOURCE = _poll_primitives("rammer_ld_acquire", "rammer_now_ns") + r"""__device__ __forceinline__ void rammer_record_fault(const int* __restrict__ program,
                                                     int* __restrict__ state, int* fault_page,
                                                     int kernel_id, int num_veus, int veu, int pc,
                                                     int next_at, int other, int slot, int step) {
@@ -231,30 +242,10 @@ __device__ __forceinline__ int rammer_stopped(const int* __restrict__ state, int
 # load per run), so after a time-out no vEU runs rTasks, except one that had passed before it. The
 # word stays set until the page is reset (``faults.check`` / ``clear``): until then every run of
 # that VM stops at once (its outputs invalid, word 0 still saying fault 2).
-GRID_SYNC_SOURCE = r"""
-__device__ __forceinline__ int rammer_grid_acquire(const int* p) {
-#ifdef RAMMER_EMULATE
-  return ::rammer_emu::load_acquire(p);
-#else
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-#endif
-}
-__device__ __forceinline__ unsigned long long rammer_grid_now_ns() {
-#ifdef RAMMER_EMULATE
-  return ::rammer_emu::globaltimer();
-#else
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-#endif
-}
+GRID_SYNC_SOURCE = _poll_primitives("rammer_grid_acquire", "rammer_grid_now_ns") + r"""
 __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __restrict__ state,
                                              int num_veus, int tid, long long timeout_ns,
                                              int kernel_id) {
-  // (its own acquire and clock helpers: a helper's source is placed once per name, in no set
-  // order, so it cannot use those of WAIT_SOURCE)
   __syncthreads();
   int timed_out = 0;
   if (tid == 0) {
