@@ -120,11 +120,12 @@ def measure(name: str, target: str, timeout: float, build: bool = False,
             nvcc: bool = False, options: dict | None = None) -> dict:
     """One model in a fresh interpreter; a failure or timeout becomes a row saying so.
     ``options``: RammerConfig fields for the rammer pipeline (besides ``profile=False``)."""
+    # on a GPU host the build compiles the CUDA source: timed as nvcc, not as a cached binary
+    env = {**os.environ, "TQDM_DISABLE": "1", "TVM_RAMMER_BINARY_CACHE": "off"}
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, name, target, str(int(build)),
                                str(int(nvcc)), json.dumps(options or {})],
-                              capture_output=True,
-                              text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
+                              capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"model": name, "error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -14,6 +14,9 @@
 # stage cut short keeps what it did. The directory is ready to commit under benchmarks/results/.
 # Every stage is run under `timeout` (STAGE_LIMIT_S, default 480 s = 8 min): a stage that overruns
 # is stopped and recorded (exit 124), the next one is unaffected.
+# CUDA binaries are cached by source (tvm_rammer/host/binary_cache.py, under $XDG_CACHE_HOME): a
+# stage that builds a module an earlier stage built reads it instead of running nvcc, so compile
+# seconds of a repeated build leave nvcc out; `bench` turns the cache off (its compile_s is nvcc's).
 # On the device tool (at most 8 files of 16 MiB come back per call, $OUT emptied before each), as on
 # 2026-11-25: keep OUT_DIR on the machine and pack it after every stage, e.g.
 #   R=/tmp/gpures; for s in smoke zoo-lstm_tc; do bash scripts/gpu_check.sh $s $R;

@@ -31,15 +31,20 @@ ratio to ``none``); each JSON line also has the seconds of the profiling phases 
 making versions, the rKernel batches, the policy's whole-plan materializing and hashing, the
 persistent kernels' TIR, the rProgram builds) and what the budget left unmeasured. The ``rammer``
 pipeline only (``frontend.lower``), not ``tvm.compile``'s final build; with ``--whole`` each compile
-is also finished as ``tvm.compile`` finishes it on a GPU host (the build, then nvcc on the module's
-CUDA source: what a user waits for) and a second table compares those whole compiles; its rows
-also count the kernels and the device functions (outlined rKernel bodies) nvcc compiled.
+is also finished as ``tvm.compile`` finishes it on a GPU host (the build, then the module's CUDA
+source through TVM's compile callback: nvcc, or the binary cache's copy of a source compiled
+before; what a user waits for) and a second table compares those whole compiles; its rows also
+count the kernels and the device functions (outlined rKernel bodies) nvcc compiled. The binary
+cache (``host.binary_cache``, one per model under ``--tmp``) is emptied before every mode but
+``again``, which finds what ``after`` compiled, as a user's second compile does;
+``--no-binary-cache`` runs nvcc every time (the rows before 2026-11-28 were measured so).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,14 +139,15 @@ seconds = time.perf_counter() - start
 finish = {}
 if whole == "1":  # the rest of tvm.compile on a GPU host: the build, then the CUDA source compiled
     import tvm
-    from tvm_rammer.host.cuda_compile import nvcc_with_log
+    from tvm_rammer.host.cuda_compile import compile_callback
     begin = time.perf_counter()
     ex = tvm.compile(lowered, target=target, relax_pipeline=None)
     finish["build_s"] = round(time.perf_counter() - begin, 1)
     sources = [str(m.inspect_source()) for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     begin = time.perf_counter()
-    for source in sources:
-        nvcc_with_log(source, target)  # TVM's nvcc mode's own command
+    with target:  # as a GPU host's build calls it: nvcc here, or the binary cache's copy
+        for source in sources:
+            compile_callback(source)
     finish["nvcc_s"] = round(time.perf_counter() - begin, 1)
     import re  # what nvcc compiled: kernels, and device functions (outlined rKernel bodies)
     finish["cuda_kernels"] = sum(len(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))? (\w+)\([^;]*\)\s*\{", s)) for s in sources)
@@ -159,17 +165,25 @@ print(json.dumps({"model": name, "mode": mode, "seconds": round(seconds, 1),
 MODES = ("none", "built", "before", "after", "again")
 
 
-def _compile(name, target, mode, workers, db, budget, full, whole) -> dict:
-    """One compile of ``name`` in a fresh process: its JSON row (or ``error``)."""
+def _compile(name, target, mode, workers, db, budget, full, whole, binaries=None) -> dict:
+    """One compile of ``name`` in a fresh process: its JSON row (or ``error``). ``binaries``: the
+    model's binary cache (``host.binary_cache``), empty for every mode but ``again`` (a second
+    compile finds the CUDA binary of the first); None: the cache off, nvcc every time."""
     if mode in ("before", "after") and os.path.exists(db):
         os.remove(db)  # a first compile: a fresh database
+    if binaries is not None and mode != "again":
+        shutil.rmtree(binaries, ignore_errors=True)
+    env = {**os.environ, "TVM_RAMMER_BINARY_CACHE": binaries or "off"}
     out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db,
                           budget, "1" if full else "0", "1" if whole else "0"],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
         return {"model": name, "mode": mode, "error": out.stderr.strip()[-400:]}
-    return json.loads(lines[-1])
+    row = json.loads(lines[-1])
+    if whole:
+        row["binary_cache"] = "off" if binaries is None else ("warm" if mode == "again" else "cold")
+    return row
 
 
 def _median_row(runs: list) -> dict:
@@ -186,15 +200,18 @@ def _median_row(runs: list) -> dict:
 
 
 def run_model(name: str, target: str, workers: int, tmp: str, budget: str = "default",
-              full: bool = False, modes=MODES, whole: bool = False, repeat: int = 1) -> dict:
+              full: bool = False, modes=MODES, whole: bool = False, repeat: int = 1,
+              binary_cache: bool = True) -> dict:
     """The compiles of one model (fresh processes, ``modes``); their rows by mode. ``whole``: each
-    also finishes as ``tvm.compile`` does on a GPU host (``build_s`` + ``nvcc_s`` in its row).
+    also finishes as ``tvm.compile`` does on a GPU host (``build_s`` + ``nvcc_s`` in its row; with
+    ``binary_cache``, through the CUDA binary cache: cold for every mode, warm for ``again``).
     ``repeat``: each mode compiled that many times in a row (a first compile each time on a fresh
     database, the second compiles on the last first compile's), its seconds the median."""
     rows = {}
     for mode in modes:
         db = os.path.join(tmp, f"{name}-{'before' if mode == 'before' else 'after'}.json")
-        runs = [_compile(name, target, mode, workers, db, budget, full, whole)
+        binaries = os.path.join(tmp, f"{name}-binaries") if binary_cache else None
+        runs = [_compile(name, target, mode, workers, db, budget, full, whole, binaries)
                 for _ in range(repeat if mode != "before" else 1)]
         rows[mode] = _median_row(runs)
         print(json.dumps(rows[mode]), flush=True)
@@ -259,6 +276,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="compile each mode this many times ('before' once) and report the "
                              "median seconds (a second compile takes ~1 s: one run is noise)")
+    parser.add_argument("--no-binary-cache", action="store_true",
+                        help="with --whole, compile every CUDA source with nvcc (the second "
+                             "compile too: TVM_RAMMER_BINARY_CACHE=off); default: the binary cache, "
+                             "empty for every mode but 'again'")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     args = parser.parse_args(argv)
@@ -269,7 +290,8 @@ def main(argv=None) -> int:
     if args.repeat < 1:
         parser.error("--repeat: at least 1")
     results = {name: run_model(name, args.target, args.workers, args.tmp, args.budget, args.full,
-                               modes, args.whole, args.repeat) for name in args.models}
+                               modes, args.whole, args.repeat, not args.no_binary_cache)
+               for name in args.models}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

@@ -27,6 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tvm_rammer.host.binary_cache import ENV as BINARY_CACHE_ENV
 from tvm_rammer.models import REDUCED
 
 from .output import add_derived
@@ -299,6 +300,7 @@ class _Worker:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        env[BINARY_CACHE_ENV] = "off"  # compile_s times the CUDA compiler, not a cached binary
         self.proc = subprocess.Popen([sys.executable, "-m", "tvm_rammer.benchmarks.worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, bufsize=1, env=env, cwd=root)

@@ -20,6 +20,11 @@ choice, it works for the Python API as well as the CLI, it leaves the process en
 and it changes nothing where TVM's default works (it only replaces a certain failure). It applies
 to every CUDA build of the process, TVM's default pipeline included (``run`` and ``bench`` build
 that as the baseline).
+
+The callback also keeps what it compiles (``host.binary_cache``, kind ``cuda``): a source compiled
+on this host before for the same arch, with the same compiler and options (:func:`cache_key`), is
+read back instead of compiled again, whichever compiler the choice names (TVM's default
+pipeline's builds too). ``TVM_RAMMER_BINARY_CACHE=off`` compiles every time.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 
 __all__ = ["CompilerChoice", "compiler_choice", "nvrtc_status", "nvcc_status",
            "tvm_builds_cuda", "compile_callback", "install", "NO_COMPILER", "nvcc_keeps_log",
-           "tvm_nvcc_command", "nvcc_with_log"]
+           "tvm_nvcc_command", "nvcc_with_log", "cache_key"]
 
 CALLBACK = "tvm_callback_cuda_compile"
 ENV = "TVM_CUDA_COMPILE_MODE"
@@ -107,22 +112,77 @@ def compiler_choice() -> CompilerChoice:
     return CompilerChoice(None, NO_COMPILER)
 
 
+# TVM's nvcc mode options that change its command (tvm/support/nvcc.py): where one is set, a build
+# compiles through TVM's own callback, the log is not kept (nvcc_with_log is not used) and nothing
+# is cached (the build writes files for the user)
+_NVCC_OPTION_ENVS = ("TVM_KERNEL_DUMP", "TVM_KERNEL_DEBUG")
+# the other environment variables TVM's compile reads (tvm/support/nvcc.py): part of a cache key
+_OPTION_ENVS = ("TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_CUDA_NVCC_NO_FAST_MATH")
+
+
 def compile_callback(code, *args):
     """``tvm_callback_cuda_compile``: TVM's own callback under the choice above, nvcc when only
-    nvcc works, a RuntimeError naming the fix when nothing does. Returns the binary TVM loads."""
+    nvcc works, a RuntimeError naming the fix when nothing does. Returns the binary TVM loads.
+
+    A source this host compiled before for the same arch, compiler and options is read from the
+    binary cache (``host.binary_cache``, kind ``cuda``: :func:`cache_key`) instead of compiled
+    again; what the compiler makes is stored there."""
     from tvm.support import nvcc
 
+    from .binary_cache import binary_cache
+
     choice = compiler_choice()
-    if os.environ.get(ENV) or choice.compiler == "nvrtc":
-        return nvcc.tvm_callback_cuda_compile(code, *args)
-    if choice.compiler == "nvcc":
-        return nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc")
-    raise RuntimeError(f"cannot compile CUDA: {NO_COMPILER}")
+    by_tvm = bool(os.environ.get(ENV)) or choice.compiler == "nvrtc"
+    if not by_tvm and choice.compiler != "nvcc":
+        raise RuntimeError(f"cannot compile CUDA: {NO_COMPILER}")
+    key = cache_key(str(code), choice.compiler, args)
+    cache = binary_cache("cuda")
+    cached = cache.get(key) if key is not None else None
+    if cached is not None:
+        return bytearray(cached)
+    if by_tvm:
+        binary = nvcc.tvm_callback_cuda_compile(code, *args)
+    else:
+        binary = nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc")
+    if key is not None and binary:
+        cache.put(key, bytes(binary))
+    return binary
 
 
-# TVM's nvcc mode options that change its command (tvm/support/nvcc.py): where one is set, a build
-# compiles through TVM's own callback and the log is not kept (nvcc_with_log is not used)
-_NVCC_OPTION_ENVS = ("TVM_KERNEL_DUMP", "TVM_KERNEL_DEBUG")
+def cache_key(code: str, compiler: str | None, args=()) -> str | None:
+    """The binary cache's key of ``code`` compiled here now: a hash of the source, the compiler
+    (nvcc's path and version, or NVRTC's version), the arch TVM compiles for (the current
+    target's, as ``tvm.support.nvcc`` reads it), TVM's version and the environment variables
+    that change TVM's compile command. None (not cached) where a build writes files the user
+    asked for (``TVM_KERNEL_DUMP``, ``TVM_KERNEL_DEBUG``, ``cuda.kernels_output_dir``), where the
+    source links NVSHMEM, or where the arch cannot be read (TVM's compile then says why)."""
+    import tvm
+    from tvm.support import nvcc
+
+    from .binary_cache import digest
+
+    if compiler not in ("nvcc", "nvrtc") or _writes_files() or "nvshmem" in code:
+        return None
+    target = tvm.target.Target.current(allow_none=True)
+    arch = getattr(target, "arch", None) if target is not None else None
+    if not (isinstance(arch, str) and arch.startswith("sm_")):
+        try:
+            arch = nvcc.get_target_compute_version(target)
+        except Exception:  # pylint: disable=broad-except  (no arch known: compiled, not cached)
+            return None
+    identity = nvcc_status() if compiler == "nvcc" else nvrtc_status()
+    return digest("cuda-1", tvm.__version__, compiler, *identity, arch,
+                  *(f"{e}={os.environ.get(e, '')}" for e in _OPTION_ENVS), *map(str, args), code)
+
+
+def _writes_files() -> bool:
+    """Whether a CUDA build here writes files for the user (kernel dumps, debug builds)."""
+    if any(os.environ.get(e) for e in _NVCC_OPTION_ENVS):
+        return True
+    import tvm
+
+    return "cuda.kernels_output_dir" in (tvm.transform.PassContext.current().config or {})
+
 
 
 def nvcc_keeps_log() -> bool:
@@ -130,11 +190,7 @@ def nvcc_keeps_log() -> bool:
     the compiler (:func:`compiler_choice`) and no TVM option changes its command (the
     environment's, nor the pass context's ``cuda.kernels_output_dir``, where a TVM build
     registers that option)."""
-    if compiler_choice().compiler != "nvcc" or any(os.environ.get(e) for e in _NVCC_OPTION_ENVS):
-        return False
-    import tvm
-
-    return "cuda.kernels_output_dir" not in (tvm.transform.PassContext.current().config or {})
+    return compiler_choice().compiler == "nvcc" and not _writes_files()
 
 
 def tvm_nvcc_command(source_path: str, output_path: str, target) -> list:

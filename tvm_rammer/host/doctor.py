@@ -194,7 +194,18 @@ def _cache_checks() -> list:
     ship = Check("shipped profiles", "ok" if shipped else "none",
                  f"{', '.join(shipped)} in {SHIPPED_DIR}" if shipped else
                  f"none in {SHIPPED_DIR}: without a GPU, operators keep TVM's dlight schedule")
-    return [cache, ship]
+    return [cache, ship, _binary_cache_check()]
+
+
+def _binary_cache_check() -> Check:
+    from .binary_cache import ENV, binary_cache, cache_root
+
+    root = cache_root()
+    if root is None:
+        return Check("binary cache", "off", f"{ENV}=off: every GPU build runs the device compiler")
+    held = sum(binary_cache(kind).size() for kind in ("cuda", os.path.join("rocm", "code")))
+    return Check("binary cache", "ok", f"{root}/{{cuda,rocm/code}} ({held / 1e6:.2f} MB): a source "
+                 f"built before is not compiled again ({ENV}=off: never; {ENV}=<dir>: elsewhere)")
 
 
 def diagnose(default_target: str = "rammer/nvidia-h100") -> list:

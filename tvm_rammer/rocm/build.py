@@ -37,7 +37,6 @@ The wrapped callbacks and build are TVM registry entries, like the pipeline's
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import subprocess
@@ -263,10 +262,16 @@ def build_rocm(mod, target):
         _remove(building, context)
 
 
-def cache_dir() -> str:
-    """Where code objects are cached: ``$XDG_CACHE_HOME/tvm-rammer/rocm/code`` (``~/.cache``)."""
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                        "tvm-rammer", "rocm", "code")
+def cache_dir() -> str | None:
+    """Where code objects are cached: ``$XDG_CACHE_HOME/tvm-rammer/rocm/code`` (``~/.cache``; see
+    ``host.binary_cache``: None when ``TVM_RAMMER_BINARY_CACHE=off``)."""
+    return _code_cache().directory
+
+
+def _code_cache():
+    from ..host.binary_cache import binary_cache
+
+    return binary_cache(os.path.join("rocm", "code"), ".co")
 
 
 def cache_key(mod, target, kernels: dict, toolchain, mcpu: str) -> str:
@@ -274,35 +279,20 @@ def cache_key(mod, target, kernels: dict, toolchain, mcpu: str) -> str:
     (serialized TIR; not the module's attributes, which hold e.g. the compile's timings), the
     target, the kernels' attributes, our helpers' bitcode (its file name hashes the helpers'
     source, mcpu and clang), the LLVM tools and TVM's version."""
-    digest = hashlib.sha256()
-    for part in (CACHE_VERSION, tvm.__version__, str(target), mcpu, repr(sorted(kernels.items())),
-                 compile_bitcode(toolchain, mcpu), toolchain.llc, toolchain.ld_lld,
-                 str(rocm_path()), *sorted(f"{gv.name_hint}\0{tvm.ir.save_json(func)}"
-                                           for gv, func in mod.functions_items())):
-        digest.update(str(part).encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
+    from ..host.binary_cache import digest
+
+    return digest(CACHE_VERSION, tvm.__version__, str(target), mcpu, repr(sorted(kernels.items())),
+                  compile_bitcode(toolchain, mcpu), toolchain.llc, toolchain.ld_lld,
+                  str(rocm_path()), *sorted(f"{gv.name_hint}\0{tvm.ir.save_json(func)}"
+                                            for gv, func in mod.functions_items()))
 
 
 def _cached(key: str) -> bytes | None:
-    path = os.path.join(cache_dir(), f"{key}.co")
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
+    return _code_cache().get(key)
 
 
 def _store(key: str, hsaco: bytes) -> None:
-    directory = cache_dir()
-    try:
-        os.makedirs(directory, exist_ok=True)
-        part = os.path.join(directory, f"{key}.co.{os.getpid()}.part")
-        with open(part, "wb") as f:
-            f.write(hsaco)
-        os.replace(part, os.path.join(directory, f"{key}.co"))  # atomic for concurrent builds
-    except OSError:  # a read-only cache is no error: the next build compiles again
-        pass
+    _code_cache().put(key, hsaco)  # a read-only cache is no error: the next build compiles again
 
 
 def install() -> None:
