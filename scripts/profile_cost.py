@@ -173,7 +173,8 @@ def _compile(name, target, mode, workers, db, budget, full, whole, binaries=None
         os.remove(db)  # a first compile: a fresh database
     if binaries is not None and mode != "again":
         shutil.rmtree(binaries, ignore_errors=True)
-    env = {**os.environ, "TVM_RAMMER_BINARY_CACHE": binaries or "off"}
+    # nvcc, as the rows before measured it (a host with cuda-python would otherwise time NVRTC)
+    env = {**os.environ, "TVM_RAMMER_BINARY_CACHE": binaries or "off", "TVM_CUDA_COMPILE_MODE": "nvcc"}
     out = subprocess.run([sys.executable, "-c", _CHILD, name, target, mode, str(workers), db,
                           budget, "1" if full else "0", "1" if whole else "0"],
                          capture_output=True, text=True, check=False, env=env)

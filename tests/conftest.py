@@ -15,6 +15,7 @@ if str(ROOT) not in sys.path:
 # Hermetic profile cache: a compile in a test reads and writes a cache of this session only, never
 # the user's (whose records would change which kernels a test sees).
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tvm_rammer_test_cache_")
+os.environ.pop("TVM_RAMMER_BINARY_CACHE", None)  # the caches are the session's, under it
 
 
 from tvm_rammer.gpu import gpu_available  # noqa: E402  (after the path set-up above)

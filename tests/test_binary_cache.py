@@ -85,36 +85,75 @@ def test_builds_that_write_files_for_the_user_and_the_off_switch_compile_every_t
 
 def test_the_cache_can_be_moved_and_without_an_arch_nothing_is_kept(fake_nvcc, monkeypatch,
                                                                      tmp_path):
+    from tvm.support import nvcc
+
     monkeypatch.setenv(binary_cache.ENV, str(tmp_path / "elsewhere"))
     _compile(), _compile()
     assert len(fake_nvcc) == 1 and os.listdir(tmp_path / "elsewhere" / "cuda")
-    assert cuda_compile.cache_key(KERNEL, "nvcc") is None  # no target in scope, no GPU here
+    monkeypatch.setenv(binary_cache.ENV, "on")  # the default place
+    assert binary_cache.cache_root() == str(tmp_path / "tvm-rammer")  # XDG_CACHE_HOME (fixture)
     assert cuda_compile.cache_key(KERNEL, "clang") is None  # not a compiler TVM's callback knows
+    monkeypatch.setattr(nvcc, "get_target_compute_version",  # no target in scope, no GPU
+                        lambda *_: (_ for _ in ()).throw(RuntimeError("no GPU")))
+    assert cuda_compile.cache_key(KERNEL, "nvcc") is None
+    monkeypatch.setattr(cuda_compile, "nvcc_status", lambda: (None, "nvcc is not on PATH"))
+    with tvm.target.Target(SM90):
+        assert cuda_compile.cache_key(KERNEL, "nvcc") is None  # the compiler is not there
 
 
-def test_a_failed_compile_is_not_kept_and_an_unwritable_cache_is_no_error(
-        fake_nvcc, monkeypatch, cache_home):
+def test_nvrtc_builds_are_kept_under_their_own_keys(monkeypatch, cache_home):
+    """TVM's default compiler (NVRTC, through TVM's own callback): read back, and its options,
+    nvcc's environment and the compiler itself are part of the key."""
     from tvm.support import nvcc
 
-    real = nvcc.compile_cuda
-    monkeypatch.setattr(nvcc, "compile_cuda", lambda *a, **k: (_ for _ in ()).throw(
-        RuntimeError("nvcc failed")))
-    with pytest.raises(Exception, match="nvcc failed"):
+    compiled = []
+    monkeypatch.delenv(cuda_compile.ENV, raising=False)
+    monkeypatch.setattr(cuda_compile, "nvrtc_status", lambda: (True, "NVRTC 12.8"))
+    monkeypatch.setattr(nvcc, "tvm_callback_cuda_compile",
+                        lambda code: compiled.append(code) or bytearray(b"cubin:" + code.encode()))
+    first = _compile()
+    assert _compile() == first and len(compiled) == 1
+    for env, value in (("TVM_CUDA_NVRTC_EXTRA_OPTS", "--ftz=false"), ("CUDA_PATH", "/other/cuda"),
+                       ("NVCC_PREPEND_FLAGS", "-G")):
+        monkeypatch.setenv(env, value)
         _compile()
-    monkeypatch.setattr(nvcc, "compile_cuda", real)
+        monkeypatch.delenv(env)
+    assert len(compiled) == 4
+    with tvm.target.Target(SM90):
+        assert cuda_compile.cache_key(KERNEL, "nvrtc") != cuda_compile.cache_key(KERNEL, "nvcc")
+
+
+def test_a_damaged_entry_is_compiled_again_never_returned(fake_nvcc, cache_home):
+    first = _compile()
+    folder = cache_home / "tvm-rammer" / "cuda"
+    (entry,) = folder.iterdir()
+    entry.write_bytes(entry.read_bytes()[:-7])  # cut short
+    assert _compile() == first and len(fake_nvcc) == 2  # compiled again, stored whole
+    assert _compile() == first and len(fake_nvcc) == 2
+    entry.write_bytes(b"not a cache entry")
+    assert _compile() == first and len(fake_nvcc) == 3
+    stale = folder / ".left.part"
+    stale.write_bytes(b"x")
+    os.utime(stale, (1000, 1000))
+    _compile(KERNEL.replace("1.0f", "3.0f"))  # a store sweeps what a killed process left
+    assert not stale.exists() and len(list(folder.glob("*.bin"))) == 2
+
+
+def test_an_unwritable_cache_is_no_error(fake_nvcc, cache_home):
     (cache_home / "tvm-rammer").write_text("a file where the cache's directory would be")
     assert _compile() == _compile()  # compiled each time, no error
     assert fake_nvcc == [KERNEL, KERNEL]
 
 
 def test_the_least_recently_used_entries_go_past_the_size_limit(tmp_path):
-    cache = binary_cache.BinaryCache(str(tmp_path), ".bin", max_bytes=300)
+    entry = len(binary_cache.MAGIC) + 32 + 100  # the header, then 100 bytes
+    cache = binary_cache.BinaryCache(str(tmp_path), ".bin", max_bytes=3 * entry)
     for i, key in enumerate("abc"):
         cache.put(key, bytes(100))
         os.utime(tmp_path / f"{key}.bin", (1000 + i, 1000 + i))
     assert cache.get("a") is not None  # a hit counts as a use: "b" is now the oldest
     cache.put("d", bytes(100))
-    assert sorted(os.listdir(tmp_path)) == ["a.bin", "c.bin", "d.bin"] and cache.size() == 300
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "c.bin", "d.bin"] and cache.size() == 3 * entry
     off = binary_cache.BinaryCache(None)
     off.put("x", b"1")
     assert off.get("x") is None and off.entries() == []
@@ -165,3 +204,13 @@ def test_the_benchmark_worker_times_the_compiler_not_the_cache(monkeypatch):
     monkeypatch.setenv(binary_cache.ENV, "/somewhere")
     harness._Worker()  # pylint: disable=protected-access
     assert seen[binary_cache.ENV] == "off"
+
+
+def test_doctor_says_where_the_cache_is_and_when_it_is_off(monkeypatch, cache_home):
+    from tvm_rammer.host import doctor
+
+    by = {c.name: c for c in doctor.diagnose()}
+    assert by["binary cache"].status == "ok" and str(cache_home) in by["binary cache"].detail
+    monkeypatch.setenv(binary_cache.ENV, "off")
+    by = {c.name: c for c in doctor.diagnose()}
+    assert by["binary cache"].status == "none" and "off" in by["binary cache"].detail

@@ -49,8 +49,10 @@ def test_the_installed_callback_refuses_with_the_fix_when_no_compiler_works(monk
         callback(KERNEL)
 
 
-def test_the_callback_delegates_to_tvm_where_nvrtc_works_or_the_user_chose(monkeypatch):
+def test_the_callback_delegates_to_tvm_where_nvrtc_works_or_the_user_chose(monkeypatch, tmp_path):
     from tvm.support import nvcc
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # its fake binary is kept there, not shared
 
     seen = []
     monkeypatch.setattr(nvcc, "tvm_callback_cuda_compile", lambda code: seen.append(code) or b"x")
@@ -77,7 +79,8 @@ def test_doctor_lists_every_check_and_its_fix(monkeypatch, capsys):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     for name in ("tvm-rammer", "TVM", "CUDA compiler", "nvcc", "GPU", "cuda-python",
-                 "onnxruntime", "matplotlib", "torch", "C++ compiler", "profile cache"):
+                 "onnxruntime", "matplotlib", "torch", "C++ compiler", "profile cache",
+                 "binary cache"):
         assert f"] {name} " in out
     assert "pip install matplotlib" in out and "pip install torch onnx2torch" in out
     assert "pip install onnxruntime" in out and "pip install cuda-python" in out

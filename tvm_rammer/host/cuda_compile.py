@@ -112,12 +112,11 @@ def compiler_choice() -> CompilerChoice:
     return CompilerChoice(None, NO_COMPILER)
 
 
-# TVM's nvcc mode options that change its command (tvm/support/nvcc.py): where one is set, a build
-# compiles through TVM's own callback, the log is not kept (nvcc_with_log is not used) and nothing
-# is cached (the build writes files for the user)
-_NVCC_OPTION_ENVS = ("TVM_KERNEL_DUMP", "TVM_KERNEL_DEBUG")
-# the other environment variables TVM's compile reads (tvm/support/nvcc.py): part of a cache key
-_OPTION_ENVS = ("TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_CUDA_NVCC_NO_FAST_MATH")
+# the other environment variables that change a binary: TVM's compile's (tvm/support/nvcc.py; CUDA_PATH
+# finds NVRTC's headers) and nvcc's own: part of a cache key
+_OPTION_ENVS = ("TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_CUDA_NVCC_NO_FAST_MATH",
+                "TVM_CUDA_NVRTC_EXTRA_OPTS", "CUDA_PATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
+                "NVCC_CCBIN")
 
 
 def compile_callback(code, *args):
@@ -153,9 +152,10 @@ def cache_key(code: str, compiler: str | None, args=()) -> str | None:
     """The binary cache's key of ``code`` compiled here now: a hash of the source, the compiler
     (nvcc's path and version, or NVRTC's version), the arch TVM compiles for (the current
     target's, as ``tvm.support.nvcc`` reads it), TVM's version and the environment variables
-    that change TVM's compile command. None (not cached) where a build writes files the user
-    asked for (``TVM_KERNEL_DUMP``, ``TVM_KERNEL_DEBUG``, ``cuda.kernels_output_dir``), where the
-    source links NVSHMEM, or where the arch cannot be read (TVM's compile then says why)."""
+    that change the binary (TVM's and nvcc's, ``_OPTION_ENVS``). None (not cached) where the user
+    asked to see into the build (``TVM_KERNEL_DUMP``, ``TVM_KERNEL_DEBUG=1``,
+    ``cuda.kernels_output_dir``), where the source links NVSHMEM, or where the compiler or the arch
+    is not usable (TVM's compile then says why)."""
     import tvm
     from tvm.support import nvcc
 
@@ -170,14 +170,41 @@ def cache_key(code: str, compiler: str | None, args=()) -> str | None:
             arch = nvcc.get_target_compute_version(target)
         except Exception:  # pylint: disable=broad-except  (no arch known: compiled, not cached)
             return None
-    identity = nvcc_status() if compiler == "nvcc" else nvrtc_status()
-    return digest("cuda-1", tvm.__version__, compiler, *identity, arch,
-                  *(f"{e}={os.environ.get(e, '')}" for e in _OPTION_ENVS), *map(str, args), code)
+    identity = nvcc_status() if compiler == "nvcc" else (*nvrtc_status(), _package("cuda-bindings"))
+    if not identity[0]:
+        return None  # the compiler is not usable: TVM's compile says why
+    return digest("cuda-2", tvm.__version__, _tvm_compile_source(), compiler, *identity, arch,
+                  *(f"{e}={os.environ.get(e)}" for e in _OPTION_ENVS), *map(str, args), code)
+
+
+def _package(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _tvm_compile_source() -> str:
+    """A hash of TVM's ``tvm/support/nvcc.py`` (its flags and NVRTC's preamble: a TVM built from
+    source can change them under the same version)."""
+    from tvm.support import nvcc
+
+    from .binary_cache import digest
+
+    try:
+        with open(nvcc.__file__, "rb") as f:
+            return digest(f.read())
+    except OSError:
+        return "unreadable"
 
 
 def _writes_files() -> bool:
-    """Whether a CUDA build here writes files for the user (kernel dumps, debug builds)."""
-    if any(os.environ.get(e) for e in _NVCC_OPTION_ENVS):
+    """Whether a CUDA build here is one the user asked to see into: kernel dumps (files, and
+    ``-lineinfo``) or a debug build (``-g -G``), as TVM tests them (tvm/support/nvcc.py)."""
+    if os.environ.get("TVM_KERNEL_DUMP") is not None or os.environ.get("TVM_KERNEL_DEBUG") == "1":
         return True
     import tvm
 

@@ -202,7 +202,7 @@ def _binary_cache_check() -> Check:
 
     root = cache_root()
     if root is None:
-        return Check("binary cache", "off", f"{ENV}=off: every GPU build runs the device compiler")
+        return Check("binary cache", "none", f"{ENV}=off: every GPU build runs the device compiler")
     held = sum(binary_cache(kind).size() for kind in ("cuda", os.path.join("rocm", "code")))
     return Check("binary cache", "ok", f"{root}/{{cuda,rocm/code}} ({held / 1e6:.2f} MB): a source "
                  f"built before is not compiled again ({ENV}=off: never; {ENV}=<dir>: elsewhere)")
