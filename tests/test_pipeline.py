@@ -213,18 +213,53 @@ def test_a_lowering_with_more_launches_than_tvms_default_is_replaced_by_the_defa
     assert _fewer_launches(mod, rammer, tvm.target.Target(TARGET)) is rammer
 
 
+def test_the_default_is_fused_only_when_its_operators_alone_do_not_decide(monkeypatch):
+    """_fewer_launches: a lowering with no more launches than the default's matmul/conv operators is
+    kept without running FuseOps on the default; one with more goes on to the fused bound (the
+    negative control)."""
+    from tvm_rammer import pipeline
+
+    mod = import_onnx(random_dag(5, num_ops=14))
+    rammer = lower(mod, TARGET)
+    fused = []
+    real = tvm.transform.Sequential
+
+    def sequential(passes, *args, **kwargs):
+        fused.extend(p.info.name for p in passes if p.info.name == "FuseOps")
+        return real(passes, *args, **kwargs)
+
+    counted = pipeline.count_launches
+    monkeypatch.setattr(pipeline.tvm.transform, "Sequential", sequential)
+    ours = iter([1])  # ours: as few launches as can be; then every count is real
+    monkeypatch.setattr(pipeline, "count_launches", lambda m: next(ours, None) or counted(m))
+    assert pipeline._fewer_launches(mod, rammer, tvm.target.Target(TARGET)) is rammer
+    assert fused == []
+    ours = iter([10 ** 6])
+    kept = pipeline._fewer_launches(mod, rammer, tvm.target.Target(TARGET))
+    assert fused == ["FuseOps"] and counted(kept) < 10 ** 6  # fused, finished and kept: TVM's
+
+
 @pytest.mark.parametrize("model", [lambda: random_dag(5, num_ops=14),
                                    lambda: get_model("randwire", **REDUCED["randwire"]),
-                                   lambda: get_model("lstm_tc", **REDUCED["lstm_tc"])])
-def test_the_default_launch_lower_bound_never_exceeds_the_default_launches(model):
+                                   lambda: get_model("lstm_tc", **REDUCED["lstm_tc"]),
+                                   lambda: get_model("nasnet_cifar", **REDUCED["nasnet_cifar"]),
+                                   lambda: get_model("deepspeech2", **REDUCED["deepspeech2"]),
+                                   lambda: get_model("googlenet", **REDUCED["googlenet"])])
+def test_the_default_launch_lower_bounds_never_exceed_the_default_launches(model):
     """_fewer_launches skips building TVM's default lowering when ours launches at most this bound;
     it must never be more than what the default lowering launches."""
-    from tvm_rammer.pipeline import default_fused, default_launches_at_least
+    from tvm_rammer.pipeline import (default_anchors_at_least, default_fused,
+                                     default_launches_at_least, default_passes)
     from tvm_rammer.target import plain_target, rammer_target
 
     mod = import_onnx(model())
     plain = plain_target(rammer_target(TARGET))
     with plain:
         default = relax.get_default_pipeline(plain)(mod)
+        passes = default_passes(plain)
+        before_fusion = tvm.transform.Sequential(
+            passes[:[p.info.name for p in passes].index("FuseOps")])(mod)
     bound = default_launches_at_least(default_fused(mod, plain)[0])
     assert 0 < bound <= count_launches(default)
+    anchors = default_anchors_at_least(before_fusion)  # the cheaper bound, before FuseOps
+    assert 0 < anchors <= bound

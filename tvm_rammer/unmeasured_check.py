@@ -27,7 +27,6 @@ as measured (11,207 vs 6,663 us, 780 vs 500, 1,774 vs 1,307, 18,362 vs 13,451; 9
 """
 from __future__ import annotations
 
-import copy
 import math
 
 from . import timeline
@@ -53,8 +52,8 @@ def rprogram_estimate_us(plan, op_graph, vdevice, config) -> float:
     replayed by ``timeline.predict``, plus one launch."""
     overhead = cost_config(config, vdevice).per_rtask_overhead_us
     num_veus = max((v + 1 for v, queue in enumerate(plan.program.prog) if queue), default=1)
+    # a fresh description (its ops' dicts are the function's own): rtask_us is rewritten in place
     schedule = timeline.schedule_of(0, "estimate", plan, op_graph, num_veus, vdevice.num_sms, config)
-    schedule = copy.deepcopy(schedule)
     for op in plan.ops:
         kernel = op_graph.ops[op].kernels[plan.selected[op]]
         blocks = int(kernel.blocks_per_rtask)
