@@ -171,7 +171,7 @@ def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRM
     left as ordinary kernels are fused less than TVM's FuseOps would, and a model with many of
     them must never cost more launches than turning tvm-rammer off. TVM's default lowering is made
     only as far as needed to know: its operators before ``FuseOps`` (:func:`default_anchors_at_least`;
-    FuseOps takes 13 of the 19 s of DeepSpeech2's), then its fused operators
+    FuseOps takes 13 of the 19 s of DeepSpeech2's, to FuseTIR), then its fused operators
     (:func:`default_launches_at_least`), then the whole of it."""
     plain = plain_target(target)
     ours = count_launches(lowered)
@@ -222,14 +222,17 @@ def default_fused(mod: tvm.IRModule, target: tvm.target.Target) -> tuple:
 def default_anchors_at_least(annotated: tvm.IRModule) -> int:
     """A lower bound on the launches of TVM's default lowering, from its operators before
     ``FuseOps`` (:func:`default_passes` up to it: legalized, ``op_pattern`` annotated, constants
-    folded): the calls in ``main`` of PrimFuncs of pattern kOutEWiseFusable (matmul, conv2d, dense).
-    TVM's FuseOps (``GraphPartitioner``, src/relax/analysis/graph_partitioner.cc) never puts two of
-    them in one group: such an operator joins only a path of elementwise/broadcast operators ending
-    in a group without one (phase 0), an elementwise/broadcast or injective group joins only through
-    operators that are at most injective (phases 1-2), and a postponed fusion skips a target that
-    has an anchor. So each is in a fused PrimFunc of its own, which is no reshape and launches at
-    least one kernel: at most :func:`default_launches_at_least` (tests/test_pipeline.py checks it
-    on zoo models)."""
+    folded): the calls in ``main`` that a result is read from, of PrimFuncs of pattern
+    kOutEWiseFusable (matmul, conv2d, dense; also softmax- and pooling-like reductions with an
+    elementwise output). TVM's FuseOps (``GraphPartitioner``, src/relax/analysis/
+    graph_partitioner.cc) never puts two of them in one group: merging two groups that each hold one
+    stops TVM (``MergeFromTo``'s check of ``anchor_ref``), and the fusion rules never try it (such an
+    operator joins only a path of elementwise/broadcast operators, the other groups only paths of at
+    most injective ones). So each is in a fused PrimFunc of its own, which holds a reduction (no
+    reshape, never a view) and launches at least one kernel: at most
+    :func:`default_launches_at_least` (tests/test_pipeline.py checks it on zoo models). Calls
+    whose results nobody reads are left out, as FuseOps and FuseTIR drop them (``FoldConstant``
+    has removed them already, unless a pass context disables it)."""
     anchors = 0
 
     def visit(call):
@@ -240,7 +243,8 @@ def default_anchors_at_least(annotated: tvm.IRModule) -> int:
                     and "op_pattern" in callee.attrs and int(callee.attrs["op_pattern"]) == _OUT_EWISE_FUSABLE:
                 anchors += 1
 
-    tvm_ffi.structural_walk(annotated["main"].body, (relax.Call, visit))
+    tvm_ffi.structural_walk(relax.analysis.remove_all_unused(annotated["main"]).body,
+                            (relax.Call, visit))
     return anchors
 
 
