@@ -245,7 +245,7 @@ def test_matmuls_nobody_reads_are_not_counted_as_default_launches():
     but a pass context may disable it: the bound before FuseOps must leave them out too."""
     from tvm.script import relax as R
 
-    from tvm_rammer.pipeline import default_anchors_at_least, default_passes
+    from tvm_rammer.pipeline import default_anchors_at_least, default_stages
     from tvm_rammer.target import plain_target, rammer_target
 
     @tvm.script.ir_module
@@ -261,10 +261,8 @@ def test_matmuls_nobody_reads_are_not_counted_as_default_launches():
             return y
 
     plain = plain_target(rammer_target(TARGET))
-    passes = default_passes(plain)
     with tvm.transform.PassContext(opt_level=3, disabled_pass=["FoldConstant"]), plain:
-        before_fusion = tvm.transform.Sequential(
-            passes[:[p.info.name for p in passes].index("FuseOps")])(Dead)
+        before_fusion = tvm.transform.Sequential(default_stages(plain)[0])(Dead)
         default = relax.get_default_pipeline(plain)(Dead)
     assert default_anchors_at_least(before_fusion) == count_launches(default) == 1
 
@@ -278,18 +276,18 @@ def test_matmuls_nobody_reads_are_not_counted_as_default_launches():
 def test_the_default_launch_lower_bounds_never_exceed_the_default_launches(model):
     """_fewer_launches skips building TVM's default lowering when ours launches at most this bound;
     it must never be more than what the default lowering launches."""
-    from tvm_rammer.pipeline import (default_anchors_at_least, default_fused,
-                                     default_launches_at_least, default_passes)
+    from tvm_rammer.pipeline import (default_anchors_at_least, default_launches_at_least,
+                                     default_stages)
     from tvm_rammer.target import plain_target, rammer_target
 
     mod = import_onnx(model())
     plain = plain_target(rammer_target(TARGET))
+    to_fusion, fusion, _ = default_stages(plain)
     with plain:
         default = relax.get_default_pipeline(plain)(mod)
-        passes = default_passes(plain)
-        before_fusion = tvm.transform.Sequential(
-            passes[:[p.info.name for p in passes].index("FuseOps")])(mod)
-    bound = default_launches_at_least(default_fused(mod, plain)[0])
+        before_fusion = tvm.transform.Sequential(to_fusion)(mod)
+        fused = tvm.transform.Sequential(fusion)(before_fusion)
+    bound = default_launches_at_least(fused)
     assert 0 < bound <= count_launches(default)
     anchors = default_anchors_at_least(before_fusion)  # the cheaper bound, before FuseOps
     assert 0 < anchors <= bound

@@ -175,19 +175,17 @@ def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRM
     (:func:`default_launches_at_least`), then the whole of it."""
     plain = plain_target(target)
     ours = count_launches(lowered)
-    passes = default_passes(plain)
-    names = [p.info.name for p in passes]
-    fuse, fused_at = names.index("FuseOps"), names.index("FuseTIR") + 1
+    to_fusion, fusion, finish = default_stages(plain)
     with plain:
-        before_fusion = tvm.transform.Sequential(passes[:fuse])(mod)
+        before_fusion = tvm.transform.Sequential(to_fusion)(mod)
     if ours <= default_anchors_at_least(before_fusion):
         return lowered  # no need to fuse the default's operators to know
     with plain:
-        fused = tvm.transform.Sequential(passes[fuse:fused_at])(before_fusion)
+        fused = tvm.transform.Sequential(fusion)(before_fusion)
     if ours <= default_launches_at_least(fused):
         return lowered  # no need to finish TVM's default lowering to know
     with plain:
-        default = tvm.transform.Sequential(passes[fused_at:])(fused)
+        default = tvm.transform.Sequential(finish)(fused)
     theirs = count_launches(default)
     if ours <= theirs:
         return lowered
@@ -210,18 +208,24 @@ def default_passes(target: tvm.target.Target) -> list:
             *cuda_backend.dataflow_lower_passes(target), *cuda_backend.finalize_passes(target)]
 
 
-def default_fused(mod: tvm.IRModule, target: tvm.target.Target) -> tuple:
-    """``(fused, rest)``: ``mod`` through :func:`default_passes` up to ``FuseTIR`` (its fused
-    operators, before dlight), and the passes that finish TVM's default lowering from there."""
+def default_stages(target: tvm.target.Target) -> tuple:
+    """:func:`default_passes` in three lists: up to ``FuseOps`` (legalized, ``op_pattern``
+    annotated, constants folded: :func:`default_anchors_at_least` reads that), ``FuseOps`` to
+    ``FuseTIR`` (its fused operators, before dlight: :func:`default_launches_at_least`), and the
+    passes that finish TVM's default lowering from there."""
     passes = default_passes(target)
-    cut = [p.info.name for p in passes].index("FuseTIR") + 1
-    with target:
-        return tvm.transform.Sequential(passes[:cut])(mod), passes[cut:]
+    names = [p.info.name for p in passes]
+    fuse, fused = names.index("FuseOps"), names.index("FuseTIR") + 1
+    return passes[:fuse], passes[fuse:fused], passes[fused:]
+
+
+# tvm/relax/analysis OpPatternKind kOutEWiseFusable
+_OUT_EWISE_FUSABLE = 4
 
 
 def default_anchors_at_least(annotated: tvm.IRModule) -> int:
     """A lower bound on the launches of TVM's default lowering, from its operators before
-    ``FuseOps`` (:func:`default_passes` up to it: legalized, ``op_pattern`` annotated, constants
+    ``FuseOps`` (the first of :func:`default_stages`: legalized, ``op_pattern`` annotated, constants
     folded): the calls in ``main`` that a result is read from, of PrimFuncs of pattern
     kOutEWiseFusable (matmul, conv2d, dense; also softmax- and pooling-like reductions with an
     elementwise output). TVM's FuseOps (``GraphPartitioner``, src/relax/analysis/
@@ -240,7 +244,7 @@ def default_anchors_at_least(annotated: tvm.IRModule) -> int:
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir":
             callee = annotated[call.args[0]]
             if isinstance(callee, tvm.tirx.PrimFunc) and callee.attrs is not None \
-                    and "op_pattern" in callee.attrs and int(callee.attrs["op_pattern"]) == _OUT_EWISE_FUSABLE:
+                    and int(callee.attrs.get("op_pattern", -1)) == _OUT_EWISE_FUSABLE:
                 anchors += 1
 
     tvm_ffi.structural_walk(relax.analysis.remove_all_unused(annotated["main"]).body,
@@ -248,12 +252,9 @@ def default_anchors_at_least(annotated: tvm.IRModule) -> int:
     return anchors
 
 
-_OUT_EWISE_FUSABLE = 4  # tvm/relax/analysis OpPatternKind kOutEWiseFusable
-
-
 def default_launches_at_least(fused: tvm.IRModule) -> int:
     """A lower bound on the launches of TVM's default lowering, from its fused operators before
-    dlight (:func:`default_fused`): every call of a fused PrimFunc is at least one kernel, except
+    dlight (the first two of :func:`default_stages`): every call of a fused PrimFunc is at least one kernel, except
     those that only reshape (``RewriteDataflowReshape`` may make them views). dlight only schedules
     a PrimFunc and the VM lowering after it removes no kernel, so the default launches at least
     this many."""
