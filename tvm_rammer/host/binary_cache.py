@@ -32,13 +32,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-__all__ = ["ENV", "OFF", "ON", "MAGIC", "MAX_BYTES", "BinaryCache", "binary_cache", "cache_root", "digest"]
+__all__ = ["ENV", "OFF", "ON", "MAGIC", "MAX_BYTES", "CUDA", "ROCM", "KINDS", "BinaryCache",
+           "binary_cache", "cache_root", "digest"]
 
 ENV = "TVM_RAMMER_BINARY_CACHE"
 OFF = ("off", "0", "false", "no")
 ON = ("", "on", "1", "true", "yes")  # the default place
 MAGIC = b"tvm-rammer binary 1\n"
 MAX_BYTES = 2 << 30  # per kind: ~400 full-size NASNet-CIFAR fatbins
+CUDA = ("cuda", ".bin")  # kinds (directory, suffix): the CUDA callback's binaries,
+ROCM = (os.path.join("rocm", "code"), ".co")  # the ROCm back end's code objects
+KINDS = (CUDA, ROCM)
 
 
 def digest(*parts) -> str:
@@ -172,8 +176,10 @@ def _remove(path: str) -> None:
         pass
 
 
-def binary_cache(kind: str, suffix: str = ".bin") -> BinaryCache:
-    """The cache of ``kind`` (a relative directory, e.g. ``"cuda"``) as the environment sets it
-    now (read at each call: a test or a benchmark may turn it off)."""
+def binary_cache(kind: tuple) -> BinaryCache:
+    """The cache of ``kind`` (:data:`CUDA` or :data:`ROCM`: its directory under the root, its
+    files' suffix) as the environment sets it now (read at each call: a test or a benchmark may
+    turn it off)."""
     root = cache_root()
-    return BinaryCache(None if root is None else os.path.join(root, kind), suffix)
+    directory, suffix = kind
+    return BinaryCache(None if root is None else os.path.join(root, directory), suffix)

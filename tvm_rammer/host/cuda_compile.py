@@ -36,6 +36,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from .binary_cache import CUDA, binary_cache, digest
+
 __all__ = ["CompilerChoice", "compiler_choice", "nvrtc_status", "nvcc_status",
            "tvm_builds_cuda", "compile_callback", "install", "NO_COMPILER", "nvcc_keeps_log",
            "tvm_nvcc_command", "nvcc_with_log", "cache_key"]
@@ -128,14 +130,12 @@ def compile_callback(code, *args):
     again; what the compiler makes is stored there."""
     from tvm.support import nvcc
 
-    from .binary_cache import binary_cache
-
     choice = compiler_choice()
     by_tvm = bool(os.environ.get(ENV)) or choice.compiler == "nvrtc"
     if not by_tvm and choice.compiler != "nvcc":
         raise RuntimeError(f"cannot compile CUDA: {NO_COMPILER}")
     key = cache_key(str(code), choice.compiler, args)
-    cache = binary_cache("cuda")
+    cache = binary_cache(CUDA)
     cached = cache.get(key) if key is not None else None
     if cached is not None:
         return bytearray(cached)
@@ -158,8 +158,6 @@ def cache_key(code: str, compiler: str | None, args=()) -> str | None:
     is not usable (TVM's compile then says why)."""
     import tvm
     from tvm.support import nvcc
-
-    from .binary_cache import digest
 
     if compiler not in ("nvcc", "nvrtc") or _writes_files() or "nvshmem" in code:
         return None
@@ -192,8 +190,6 @@ def _tvm_compile_source() -> str:
     source can change them under the same version)."""
     from tvm.support import nvcc
 
-    from .binary_cache import digest
-
     try:
         with open(nvcc.__file__, "rb") as f:
             return digest(f.read())
@@ -209,7 +205,6 @@ def _writes_files() -> bool:
     import tvm
 
     return "cuda.kernels_output_dir" in (tvm.transform.PassContext.current().config or {})
-
 
 
 def nvcc_keeps_log() -> bool:

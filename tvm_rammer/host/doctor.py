@@ -198,13 +198,14 @@ def _cache_checks() -> list:
 
 
 def _binary_cache_check() -> Check:
-    from .binary_cache import ENV, binary_cache, cache_root
+    from .binary_cache import ENV, KINDS, binary_cache, cache_root
 
     root = cache_root()
     if root is None:
         return Check("binary cache", "none", f"{ENV}=off: every GPU build runs the device compiler")
-    held = sum(binary_cache(kind).size() for kind in ("cuda", os.path.join("rocm", "code")))
-    return Check("binary cache", "ok", f"{root}/{{cuda,rocm/code}} ({held / 1e6:.2f} MB): a source "
+    held = sum(binary_cache(kind).size() for kind in KINDS)
+    kinds = ",".join(directory for directory, _ in KINDS)
+    return Check("binary cache", "ok", f"{root}/{{{kinds}}} ({held / 1e6:.2f} MB): a source "
                  f"built before is not compiled again ({ENV}=off: never; {ENV}=<dir>: elsewhere)")
 
 

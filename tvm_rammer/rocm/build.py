@@ -47,6 +47,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from ..host.binary_cache import ROCM, binary_cache, digest
 from .dialect import WAVES_PER_EU_ATTR
 from .helpers import HELPER_NAMES, compile_bitcode
 from .toolchain import find_toolchain, rocm_path
@@ -269,9 +270,7 @@ def cache_dir() -> str | None:
 
 
 def _code_cache():
-    from ..host.binary_cache import binary_cache
-
-    return binary_cache(os.path.join("rocm", "code"), ".co")
+    return binary_cache(ROCM)
 
 
 def cache_key(mod, target, kernels: dict, toolchain, mcpu: str) -> str:
@@ -279,8 +278,6 @@ def cache_key(mod, target, kernels: dict, toolchain, mcpu: str) -> str:
     (serialized TIR; not the module's attributes, which hold e.g. the compile's timings), the
     target, the kernels' attributes, our helpers' bitcode (its file name hashes the helpers'
     source, mcpu and clang), the LLVM tools and TVM's version."""
-    from ..host.binary_cache import digest
-
     return digest(CACHE_VERSION, tvm.__version__, str(target), mcpu, repr(sorted(kernels.items())),
                   compile_bitcode(toolchain, mcpu), toolchain.llc, toolchain.ld_lld,
                   str(rocm_path()), *sorted(f"{gv.name_hint}\0{tvm.ir.save_json(func)}"

@@ -24,9 +24,10 @@ operations; the persistent kernel uses ours everywhere (:mod:`tvm_rammer.rocm.di
 Grid barrier (``rammer_grid_sync``): TVM's ROCm runtime has no cooperative launch, so this is a
 software barrier (sense reversal) on three words of the module's fault page
 (:data:`GRID_COUNT_WORD`, :data:`GRID_GENERATION_WORD`, :data:`GRID_GAVE_UP_WORD`), the one int32
-buffer a module owns that keeps its contents between runs (zero when the module is loaded). Thread 0 of each vEU reads the
-generation, adds 1 to the count (acq_rel); the last of the ``num_veus`` to arrive resets the count
-and advances the generation (release), the others poll the generation (acquire). The count is 0
+buffer a module owns that keeps its contents between runs (zero when the module is loaded).
+Thread 0 of each vEU reads the generation, adds 1 to the count (acq_rel); the last of the
+``num_veus`` to arrive resets the count and advances the generation (release), the others poll
+the generation (acquire). The count is 0
 again after every barrier, so consecutive kernels of one module reuse the words. Two runs of one
 module at the same time (two streams) would share them: not supported. A barrier that waits past
 the time limit (vEUs not co-resident) sets the error word (the other vEUs stop at their next
