@@ -1,0 +1,333 @@
+"""The runtime-only runner (tvm_rammer/runtime/): a library built here with the compiler runs in a
+fresh interpreter on TVM's runtime alone (``TVM_USE_RUNTIME_LIB=1``), its weights given apart.
+
+The library is of the lease contract's form (issue 31): the reduced zoo ``two_branch`` model
+written as ``main(input, *weights)`` over its two weights stacked into one (a weight transform the
+compiler lifts out, as the rewrites' folding/stacking), ``LiftTransformParams`` making the
+transform a function of the library (``transform_params(*raw)`` per the contract; TVM's own
+``main_transform_params`` takes one tuple), a ``rammer_fault_page`` function, compiled for llvm.
+One child process runs the CLI on five manifests (weights regenerated, from a file, through the
+tuple-taking transform, a weights file of a wrong shape, a page holding a fault); another checks
+what that interpreter loaded.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from onnx import numpy_helper
+from tvm import relax
+
+from tvm_rammer import faults, runtime
+from tvm_rammer.codegen import cuda_helpers
+from tvm_rammer.models import REDUCED, get_model
+from tvm_rammer.runtime import fault_page
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "two_branch"
+PARAMS = REDUCED[MODEL]
+FAULT = [1, 3, 5, 7, 2, 9, 4, 11, 42]  # code, kernel, vEU, instruction, ..., rtask_id
+
+
+def _page(fault=None) -> np.ndarray:
+    page = faults.empty_page()
+    if fault:
+        page[:len(fault)] = fault
+    return page
+
+
+def _module(model, page: np.ndarray) -> tvm.IRModule:
+    """main(input, w_1, w_4) over concat(w_1, w_4) with the concat lifted out, a contract-named
+    transform_params(w_1, w_4), and rammer_fault_page returning ``page``."""
+    inits = list(model.graph.initializer)
+    (inp,) = [v for v in model.graph.input if v.name not in {i.name for i in inits}]
+    dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    f32 = "float32"
+    x = relax.Var(inp.name, relax.TensorType(dims, f32))
+    ws = [relax.Var(i.name, relax.TensorType(list(i.dims), f32)) for i in inits]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, *ws], attrs={"num_input": 1}):
+        with bb.dataflow():
+            w = bb.emit(relax.op.concat(ws, axis=1))
+            parts = bb.emit(relax.op.split(bb.emit(relax.op.matmul(x, w)), 2, axis=1))
+            a = bb.emit(relax.op.nn.relu(relax.TupleGetItem(parts, 0)))
+            b = bb.emit(relax.op.nn.relu(relax.TupleGetItem(parts, 1)))
+            out = bb.emit_output(relax.op.add(a, b))
+        bb.emit_func_output(out)
+    mod = relax.transform.LiftTransformParams()(bb.get())
+    bb = relax.BlockBuilder(mod)
+    raw = [relax.Var(i.name, relax.TensorType(list(i.dims), f32)) for i in inits]
+    with bb.function("transform_params", raw):
+        lifted = mod.get_global_var("main_transform_params")
+        bb.emit_func_output(bb.emit(relax.Call(lifted, [relax.Tuple(raw)])))
+    mod = bb.get()
+    mod[fault_page.PAGE_FUNC] = relax.Function(
+        [], relax.SeqExpr([], relax.const(page, "int32")), ret_ty=relax.TensorType([16], "int32"),
+        is_pure=True).with_attr("global_symbol", fault_page.PAGE_FUNC)
+    return mod
+
+
+def _manifest(model, library: str, transform="transform_params", weights_file=None) -> dict:
+    """The contract's manifest, by hand (tvm_rammer.lease.manifest writes it for real builds)."""
+    inits = list(model.graph.initializer)
+    (inp,) = [v for v in model.graph.input if v.name not in {i.name for i in inits}]
+    k = inits[0].dims[0]
+    n = sum(i.dims[1] for i in inits)
+    rows = inp.type.tensor_type.shape.dim[0].dim_value
+    return {"format": "tvm-rammer-lib/1", "library": library, "pipeline": "default",
+            "target": "llvm", "arch": None, "device_type": "cpu",
+            "inputs": [{"name": inp.name, "shape": [rows, k], "dtype": "float32"}],
+            "raw_weights": [{"name": i.name, "shape": list(i.dims), "dtype": "float32"}
+                            for i in inits],
+            "weights": [{"shape": [k, n], "dtype": "float32"}], "transform": transform,
+            "outputs": [{"shape": [rows, n // 2], "dtype": "float32"}], "fault_page": True,
+            "model": {"zoo": MODEL, "params": PARAMS, "batch": 1}, "weights_file": weights_file}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two libraries (clean page, page holding a fault) and five manifests, by name."""
+    out = tmp_path_factory.mktemp("runtime_lib")
+    model = get_model(MODEL, **PARAMS)
+    for name, page in (("clean", _page()), ("faulted", _page(FAULT))):
+        tvm.compile(_module(model, page), target="llvm").export_library(str(out / f"{name}.so"))
+    arrays = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.savez(out / "good.npz", **arrays)
+    first = next(iter(arrays))
+    np.savez(out / "bad.npz", **{**arrays, first: np.ascontiguousarray(arrays[first].T)})
+    manifests = {
+        "regenerated": _manifest(model, "clean.so"),
+        "file": _manifest(model, "clean.so", weights_file="good.npz"),
+        "tuple_transform": _manifest(model, "clean.so", transform="main_transform_params"),
+        "bad_shape": _manifest(model, "clean.so", weights_file="bad.npz"),
+        "faulted": _manifest(model, "faulted.so"),
+    }
+    for name, data in manifests.items():
+        (out / f"{name}.json").write_text(json.dumps(data))
+    return out
+
+
+def _runtime_only_env() -> dict:
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cli_run(built):
+    """``python3 -m tvm_rammer.runtime`` on all five manifests, in a fresh runtime-only
+    interpreter: (completed process, rows by manifest name)."""
+    names = ["regenerated", "file", "tuple_transform", "bad_shape", "faulted"]
+    out = built / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tvm_rammer.runtime", *[str(built / f"{n}.json") for n in names],
+         "--runs", "10", "--json", str(out)],
+        cwd=ROOT, env=_runtime_only_env(), capture_output=True, text=True, timeout=300)
+    assert out.is_file(), proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    return proc, dict(zip(names, rows))
+
+
+@pytest.mark.parametrize("name", ["regenerated", "file", "tuple_transform"])
+def test_the_library_runs_on_the_runtime_alone_and_matches_onnxruntime(cli_run, name):
+    proc, rows = cli_run
+    row = rows[name]
+    assert "error" not in row, row
+    assert row["reference"] == "onnxruntime" and row["ok"]
+    assert row["max_rel_err"] <= 1e-5, row
+    assert row["latency_us"] > 0 and row["device"].startswith("cpu")
+    assert sum(line.startswith(MODEL) and " ok" in line for line in proc.stdout.splitlines()) == 3
+
+
+def test_negative_control_a_weights_file_of_another_shape_is_refused(cli_run):
+    proc, rows = cli_run
+    assert proc.returncode == 1  # the two failing libraries below; the others still ran
+    error = rows["bad_shape"]["error"]
+    assert "weight 'w_1' is float32[8, 16]" in error and "says float32[16, 8]" in error
+    assert "do not belong to this library" in error
+
+
+def test_negative_control_a_fault_in_the_page_is_an_error_naming_kernel_veu_instruction(cli_run):
+    _, rows = cli_run
+    error = rows["faulted"]["error"]
+    assert "persistent kernel rammer_rprogram3: vEU 5" in error
+    assert "at instruction 7" in error and "rTask 42" in error
+
+
+PROBE = textwrap.dedent("""
+    import json, sys
+    import tvm, tvm.runtime.vm
+    bare = {m for m in sys.modules if m == "tvm" or m.startswith("tvm.")}
+    import tvm_rammer
+    import tvm_rammer.models
+    import tvm_rammer.runtime
+    lib = tvm_rammer.runtime.load(sys.argv[1])
+    result = lib.compare()
+    try:
+        from tvm_rammer import compile
+        compiler_error = None
+    except ImportError as err:
+        compiler_error = str(err)
+    print(json.dumps({
+        "ok": result["ok"],
+        "added_tvm": sorted(m for m in sys.modules
+                            if (m == "tvm" or m.startswith("tvm.")) and m not in bare),
+        "tvm_modules": sorted(m for m in sys.modules if m.startswith("tvm.")),
+        "rammer_modules": sorted(m for m in sys.modules if m.startswith("tvm_rammer")),
+        "compiler_mapped": "libtvm_compiler" in open("/proc/self/maps").read(),
+        "compiler_error": compiler_error,
+    }))
+""")
+
+RUNNER_MODULES = ("tvm_rammer.runtime", "tvm_rammer.models", "tvm_rammer.lease")
+
+
+def _probe(manifest, env) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(manifest)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _compiler_side(found: dict) -> list:
+    """What of TVM's compiler or of tvm_rammer's compiler side the probe found loaded."""
+    bad = [m for m in found["tvm_modules"]
+           if m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule"))]
+    bad += [m for m in found["rammer_modules"]
+            if m not in ("tvm_rammer", "tvm_rammer.version", "tvm_rammer.lease.manifest")
+            and not m.startswith(tuple(p + "." for p in RUNNER_MODULES)) and m not in RUNNER_MODULES]
+    return bad + (["libtvm_compiler"] if found["compiler_mapped"] else [])
+
+
+def test_the_runtime_only_interpreter_holds_nothing_of_the_compiler(built):
+    found = _probe(built / "regenerated.json", _runtime_only_env())
+    assert found["ok"]
+    assert _compiler_side(found) == []
+    # nothing of TVM beyond what `import tvm, tvm.runtime.vm` loads on the runtime library
+    assert found["added_tvm"] == [], found["added_tvm"]
+    assert "needs TVM's compiler" in found["compiler_error"]
+    assert "TVM_USE_RUNTIME_LIB=1" in found["compiler_error"]
+
+
+def test_negative_control_the_same_probe_finds_the_compiler_in_a_normal_interpreter(built):
+    env = dict(_runtime_only_env())
+    env.pop("TVM_USE_RUNTIME_LIB")
+    found = _probe(built / "regenerated.json", env)
+    side = _compiler_side(found)
+    assert "libtvm_compiler" in side and "tvm.relax" in side and "tvm_rammer.pipeline" in side
+    assert found["compiler_error"] is None
+
+
+# --- in this process (the runner imports under the compiler too) ---------------------------------
+
+def test_the_python_api_runs_checks_and_compares(built):
+    lib = runtime.load(built / "file.json")
+    assert str(lib.device) == str(tvm.cpu())
+    (out,) = lib.run()
+    model = get_model(MODEL, **PARAMS)
+    assert lib.compare()["max_rel_err"] <= 1e-5
+    (ref,) = lib.reference(lib.inputs(), model)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    assert lib.time(10) > 0
+    lib.check_fault()  # clean page: no error
+
+
+def test_negative_control_compare_fails_against_other_outputs(built):
+    lib = runtime.load(built / "regenerated.json")
+    (out,) = lib.run()
+    result = lib.compare(reference=[out + 1.0], outputs=[out])
+    assert not result["ok"] and result["max_rel_err"] > 1e-2
+
+
+def test_a_fault_is_raised_once_and_the_page_cleared(built):
+    lib = runtime.load(built / "faulted.json")
+    with pytest.raises(runtime.KernelFault, match=r"rammer_rprogram3: vEU 5 .* instruction 7") as err:
+        lib.run()
+    assert err.value.record["rtask_id"] == 42
+    lib.check_fault()  # cleared
+
+
+def test_inputs_are_the_compiler_sides_seeded_inputs(built):
+    from tvm_rammer.runner import random_inputs
+
+    lib = runtime.load(built / "regenerated.json")
+    want = random_inputs(get_model(MODEL, **PARAMS), seed=3)
+    np.testing.assert_array_equal(lib.inputs(3)[0], want["input"])
+
+
+def test_the_page_decoder_agrees_with_tvm_rammer_faults():
+    assert (fault_page.PAGE_WORDS, fault_page.PAGE_MAGIC, fault_page.PAGE_FUNC) == (
+        cuda_helpers.PAGE_WORDS, faults.PAGE_MAGIC, faults.PAGE_FUNC)
+    assert (fault_page.FAULT_WAIT_TIMEOUT, fault_page.FAULT_GRID_TIMEOUT) == (
+        cuda_helpers.FAULT_WAIT_TIMEOUT, cuda_helpers.FAULT_GRID_TIMEOUT)
+    np.testing.assert_array_equal(fault_page.empty_page(), faults.empty_page())
+    assert fault_page.describe(fault_page.empty_page()) is None
+    for code, awaited in ((1, 2), (1, -3), (2, 0)):
+        page = _page([code, 3, 5, 7, awaited, 9, 4, 11, 42])
+        record = fault_page.describe(page)
+        assert record == faults.describe(page)
+        assert fault_page.message(record) == faults.message(record)
+        assert fault_page.message(record, 250.0) == faults.message(record, 250.0)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"format": "tvm-rammer-lib/0"}, r"format 'tvm-rammer-lib/0', this runner reads"),
+    ({"library": "absent.so"}, r"the library .*absent.so is missing"),
+    ({"weights_file": "absent.npz"}, r"the weights file .*absent.npz is missing"),
+    ({"transform": "absent"}, r"has no function 'absent'"),
+    ({"weights": [{"shape": [16, 8], "dtype": "float32"}]},
+     r"the weights main takes are \['float32\[16, 16\]'\], .* says \['float32\[16, 8\]'\]"),
+    ({"raw_weights": [{"name": "w_9", "shape": [16, 8], "dtype": "float32"}]},
+     r"has no weight 'w_9'"),
+    ({"device_type": "rocm"}, r"device_type 'rocm', expected one of"),
+])
+def test_a_wrong_manifest_is_one_clear_error(built, tmp_path, change, match):
+    data = {**json.loads((built / "file.json").read_text()), **change}
+    for key in ("library", "weights_file"):  # paths relative to the manifest
+        if data[key] and key not in change:
+            data[key] = str(built / data[key])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match):
+        runtime.load(path)
+
+
+def test_a_cuda_library_without_a_cuda_driver_is_one_clear_error(built, tmp_path):
+    if tvm.cuda(0).exist:
+        pytest.skip("a CUDA device is visible here")
+    data = {**json.loads((built / "file.json").read_text()), "device_type": "cuda"}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"(CUDA runtime library .* does not load|no cuda device)"):
+        runtime.load(path)
+
+
+def test_runtime_modules_import_nothing_of_the_compiler():
+    """Read from the sources: no module of runtime/ imports TVM's compiler (anything of tvm
+    outside tvm.runtime and tvm.base; tvm_ffi is the runtime's) or tvm_rammer outside models/ and
+    lease.manifest; relative imports stay inside runtime/. Other packages (NumPy, ONNX,
+    onnxruntime, the standard library) are free."""
+    import ast
+
+    allowed = ("tvm.runtime", "tvm.base", "tvm_rammer.models", "tvm_rammer.lease.manifest")
+    offenders = {}
+    for path in sorted((ROOT / "tvm_rammer" / "runtime").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                names = [] if node.level == 1 else [f"{'.' * node.level}{node.module}"]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            bad = [n for n in names if n.startswith((".", "tvm.", "tvm_rammer"))
+                   and not any(n == a or n.startswith(a + ".") for a in allowed)]
+            if bad:
+                offenders.setdefault(path.name, []).extend(bad)
+    assert offenders == {}

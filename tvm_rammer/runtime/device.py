@@ -1,0 +1,55 @@
+"""The device a library runs on, with TVM's CUDA runtime library loaded when it is needed.
+
+In: the manifest's ``device_type`` ("cuda" or "cpu"). Out: a ``tvm.runtime.Device`` that exists.
+Under ``TVM_USE_RUNTIME_LIB=1`` TVM loads ``libtvm_runtime`` only and skips its backend hooks, so
+``libtvm_runtime_cuda`` (the CUDA device API and module loader) is loaded here, as
+``tvm.backend.cuda.register_backend`` loads it (``tvm_ffi.libinfo.load_lib_ctypes``, beside
+libtvm_runtime, RTLD_LOCAL: it registers its functions when loaded) but without that hook's
+TVMScript and target registrations, which need the compiler.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tvm
+import tvm_ffi
+
+__all__ = ["load_cuda_runtime", "device_for"]
+
+
+def load_cuda_runtime() -> None:
+    """Load ``libtvm_runtime_cuda`` once; ValueError saying why when it cannot load (no CUDA
+    driver's libcuda.so.1, or a TVM built without CUDA)."""
+    from tvm.base import _LOADED_LIBS
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    if "tvm_runtime_cuda" in _LOADED_LIBS or tvm_ffi.get_global_func(
+            "device_api.cuda", allow_missing=True) is not None:
+        return
+    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    try:
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir],
+            mode="RTLD_LOCAL")
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"TVM's CUDA runtime library (libtvm_runtime_cuda beside {runtime_dir}) "
+                         f"does not load: {err}. Run CUDA libraries on a host with a CUDA driver "
+                         "and a TVM built with CUDA (libraries built for llvm run on the CPU)"
+                         ) from None
+
+
+def device_for(device_type: str, index: int = 0):
+    """``tvm.cuda(index)`` (loading the CUDA runtime first) or ``tvm.cpu(index)``; ValueError
+    when no such device is visible."""
+    if device_type == "cuda":
+        load_cuda_runtime()
+        dev = tvm.cuda(index)
+    elif device_type == "cpu":
+        dev = tvm.cpu(index)
+    else:
+        raise ValueError(f"device type {device_type!r}: a library runs on 'cuda' or 'cpu'")
+    if not dev.exist:
+        raise ValueError(f"no {device_type} device {index} is visible: run the library on a host "
+                         f"that has one (nvidia-smi lists the GPUs)")
+    return dev
