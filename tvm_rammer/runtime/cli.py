@@ -68,9 +68,11 @@ def main(argv=None) -> int:
                                onnx_model=args.onnx)
             if row.get("reference") and not row["ok"]:
                 failed = True
-        except (ValueError, RuntimeError) as err:  # KernelFault is a RuntimeError
+        except Exception as err:  # noqa: BLE001 (one library's failure, TVM's own error types
+            # included, is its row: the others still run)
+            text = str(err) if isinstance(err, (ValueError, RuntimeError)) else repr(err)
             row = {"model": name, "pipeline": pipeline, "manifest": str(manifest),
-                   "error": str(err)}
+                   "error": text}
             failed = True
         rows.append(row)
         print(_line(row), flush=True)
