@@ -6,9 +6,10 @@ written as ``main(input, *weights)`` over its two weights stacked into one (a we
 compiler lifts out, as the rewrites' folding/stacking), ``LiftTransformParams`` making the
 transform a function of the library (``transform_params(*raw)`` per the contract; TVM's own
 ``main_transform_params`` takes one tuple), a ``rammer_fault_page`` function, compiled for llvm.
-One child process runs the CLI on five manifests (weights regenerated, from a file, through the
-tuple-taking transform, a weights file of a wrong shape, a page holding a fault); another checks
-what that interpreter loaded.
+One child process runs the CLI on six manifests (weights regenerated, from a file, through the
+tuple-taking transform, a weights file of a wrong shape, a page holding a fault, and a library with
+its weights embedded: ``"transform": null``, no raw weights); another checks what that interpreter
+loaded.
 """
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 import tvm
 from onnx import numpy_helper
 from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
 
 from tvm_rammer import faults, runtime
 from tvm_rammer.codegen import cuda_helpers
@@ -91,11 +93,13 @@ def _manifest(model, library: str, transform="transform_params", weights_file=No
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Two libraries (clean page, page holding a fault) and five manifests, by name."""
+    """Three libraries (clean page, page holding a fault, weights embedded) and six manifests."""
     out = tmp_path_factory.mktemp("runtime_lib")
     model = get_model(MODEL, **PARAMS)
     for name, page in (("clean", _page()), ("faulted", _page(FAULT))):
         tvm.compile(_module(model, page), target="llvm").export_library(str(out / f"{name}.so"))
+    embedded = from_onnx(model, keep_params_in_input=False)  # weights as constants
+    tvm.compile(embedded, target="llvm").export_library(str(out / "embedded.so"))
     arrays = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     np.savez(out / "good.npz", **arrays)
     first = next(iter(arrays))
@@ -106,6 +110,8 @@ def built(tmp_path_factory):
         "tuple_transform": _manifest(model, "clean.so", transform="main_transform_params"),
         "bad_shape": _manifest(model, "clean.so", weights_file="bad.npz"),
         "faulted": _manifest(model, "faulted.so"),
+        "embedded": {**_manifest(model, "embedded.so", transform=None), "raw_weights": [],
+                     "weights": [], "fault_page": False},
     }
     for name, data in manifests.items():
         (out / f"{name}.json").write_text(json.dumps(data))
@@ -120,9 +126,9 @@ def _runtime_only_env() -> dict:
 
 @pytest.fixture(scope="module")
 def cli_run(built):
-    """``python3 -m tvm_rammer.runtime`` on all five manifests, in a fresh runtime-only
+    """``python3 -m tvm_rammer.runtime`` on all six manifests, in a fresh runtime-only
     interpreter: (completed process, rows by manifest name)."""
-    names = ["regenerated", "file", "tuple_transform", "bad_shape", "faulted"]
+    names = ["regenerated", "file", "tuple_transform", "bad_shape", "faulted", "embedded"]
     out = built / "rows.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tvm_rammer.runtime", *[str(built / f"{n}.json") for n in names],
@@ -133,7 +139,7 @@ def cli_run(built):
     return proc, dict(zip(names, rows))
 
 
-@pytest.mark.parametrize("name", ["regenerated", "file", "tuple_transform"])
+@pytest.mark.parametrize("name", ["regenerated", "file", "tuple_transform", "embedded"])
 def test_the_library_runs_on_the_runtime_alone_and_matches_onnxruntime(cli_run, name):
     proc, rows = cli_run
     row = rows[name]
@@ -141,7 +147,7 @@ def test_the_library_runs_on_the_runtime_alone_and_matches_onnxruntime(cli_run, 
     assert row["reference"] == "onnxruntime" and row["ok"]
     assert row["max_rel_err"] <= 1e-5, row
     assert row["latency_us"] > 0 and row["device"].startswith("cpu")
-    assert sum(line.startswith(MODEL) and " ok" in line for line in proc.stdout.splitlines()) == 3
+    assert sum(line.startswith(MODEL) and " ok" in line for line in proc.stdout.splitlines()) == 4
 
 
 def test_negative_control_a_weights_file_of_another_shape_is_refused(cli_run):

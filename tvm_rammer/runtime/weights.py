@@ -63,6 +63,8 @@ def check_weights(spec: LibrarySpec, arrays: dict, source: str) -> list:
 def raw_weights(spec: LibrarySpec, model=None) -> list:
     """The raw weights of ``spec``'s library; ``model`` (the zoo model, when already built) saves
     building it again."""
+    if not spec.raw_weights:  # a library with its weights embedded takes none
+        return []
     if spec.weights_file is not None:
         return check_weights(spec, _from_file(spec.weights_file), str(spec.weights_file))
     model = zoo_model(spec) if model is None else model
