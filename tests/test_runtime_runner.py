@@ -206,7 +206,8 @@ def _compiler_side(found: dict) -> list:
            if m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule"))]
     bad += [m for m in found["rammer_modules"]
             if m not in ("tvm_rammer", "tvm_rammer.version", "tvm_rammer.lease.manifest")
-            and not m.startswith(tuple(p + "." for p in RUNNER_MODULES)) and m not in RUNNER_MODULES]
+            and not m.startswith(tuple(p + "." for p in RUNNER_MODULES))
+            and m not in RUNNER_MODULES]
     return bad + (["libtvm_compiler"] if found["compiler_mapped"] else [])
 
 
@@ -252,7 +253,8 @@ def test_negative_control_compare_fails_against_other_outputs(built):
 
 def test_a_fault_is_raised_once_and_the_page_cleared(built):
     lib = runtime.load(built / "faulted.json")
-    with pytest.raises(runtime.KernelFault, match=r"rammer_rprogram3: vEU 5 .* instruction 7") as err:
+    with pytest.raises(runtime.KernelFault,
+                       match=r"rammer_rprogram3: vEU 5 .* instruction 7") as err:
         lib.run()
     assert err.value.record["rtask_id"] == 42
     lib.check_fault()  # cleared
