@@ -13,6 +13,7 @@ loaded.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,12 +28,14 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from tvm_rammer import faults, runtime
 from tvm_rammer.codegen import cuda_helpers
+from tvm_rammer.gpu import gpu_available
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.runtime import fault_page
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "two_branch"
 PARAMS = REDUCED[MODEL]
+GPU = gpu_available()
 FAULT = [1, 3, 5, 7, 2, 9, 4, 11, 42]  # code, kernel, vEU, instruction, ..., rtask_id
 
 
@@ -43,9 +46,10 @@ def _page(fault=None) -> np.ndarray:
     return page
 
 
-def _module(model, page: np.ndarray) -> tvm.IRModule:
+def _module(model, page: np.ndarray, lower=None) -> tvm.IRModule:
     """main(input, w_1, w_4) over concat(w_1, w_4) with the concat lifted out, a contract-named
-    transform_params(w_1, w_4), and rammer_fault_page returning ``page``."""
+    transform_params(w_1, w_4), ``lower`` (a pass, e.g. legalize and schedule for a GPU) applied,
+    and rammer_fault_page returning ``page``."""
     inits = list(model.graph.initializer)
     (inp,) = [v for v in model.graph.input if v.name not in {i.name for i in inits}]
     dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
@@ -67,10 +71,8 @@ def _module(model, page: np.ndarray) -> tvm.IRModule:
     with bb.function("transform_params", raw):
         lifted = mod.get_global_var("main_transform_params")
         bb.emit_func_output(bb.emit(relax.Call(lifted, [relax.Tuple(raw)])))
-    mod = bb.get()
-    mod[fault_page.PAGE_FUNC] = relax.Function(
-        [], relax.SeqExpr([], relax.const(page, "int32")), ret_ty=relax.TensorType([16], "int32"),
-        is_pure=True).with_attr("global_symbol", fault_page.PAGE_FUNC)
+    mod = bb.get() if lower is None else lower(bb.get())
+    mod[fault_page.PAGE_FUNC] = faults.page_function(relax.const(page, "int32"))
     return mod
 
 
@@ -306,7 +308,7 @@ def test_a_wrong_manifest_is_one_clear_error(built, tmp_path, change, match):
 
 
 def test_a_cuda_library_without_a_cuda_driver_is_one_clear_error(built, tmp_path):
-    if tvm.cuda(0).exist:
+    if GPU:
         pytest.skip("a CUDA device is visible here")
     data = {**json.loads((built / "file.json").read_text()), "device_type": "cuda"}
     path = tmp_path / "m.json"
@@ -339,3 +341,48 @@ def test_runtime_modules_import_nothing_of_the_compiler():
             if bad:
                 offenders.setdefault(path.name, []).extend(bad)
     assert offenders == {}
+
+
+# --- a CUDA library: run on a GPU, or refused with one clear line without a CUDA driver -----------
+
+@pytest.fixture(scope="module")
+def cuda_built(tmp_path_factory):
+    """The same library compiled for CUDA (dlight's default schedules) for this GPU's arch, or
+    sm_90a where none is visible, with its manifest."""
+    from onnx_builders import gpu_schedule
+
+    out = tmp_path_factory.mktemp("runtime_cuda_lib")
+    arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "") if GPU else "sm_90a"
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    model = get_model(MODEL, **PARAMS)
+    with target:
+        mod = _module(model, _page(), lambda m: gpu_schedule(relax.transform.LegalizeOps()(m)))
+    tvm.compile(mod, target=target).export_library(str(out / "cuda.so"))
+    manifest = {**_manifest(model, "cuda.so"), "device_type": "cuda", "target": str(target),
+                "arch": arch}
+    (out / "cuda.json").write_text(json.dumps(manifest))
+    return out / "cuda.json"
+
+
+def _cli_rows(manifest) -> tuple:
+    out = manifest.parent / "rows.json"
+    proc = subprocess.run([sys.executable, "-m", "tvm_rammer.runtime", str(manifest), "--runs",
+                           "10", "--json", str(out)], cwd=ROOT, env=_runtime_only_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert out.is_file(), proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())["results"]
+
+
+@pytest.mark.gpu
+def test_a_cuda_library_runs_on_the_gpu_on_the_runtime_alone(cuda_built):
+    proc, (row,) = _cli_rows(cuda_built)
+    assert proc.returncode == 0 and "error" not in row, row
+    assert row["ok"] and row["max_rel_err"] <= 1e-5 and row["latency_us"] > 0
+
+
+def test_a_cuda_library_without_a_cuda_device_is_its_error_row(cuda_built):
+    if GPU:
+        pytest.skip("a CUDA device is visible here: the test above runs the library")
+    proc, (row,) = _cli_rows(cuda_built)
+    assert proc.returncode == 1 and row["model"] == MODEL
+    assert re.search(r"CUDA runtime library .* does not load|no cuda device", row["error"])

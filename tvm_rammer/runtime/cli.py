@@ -56,14 +56,16 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.runs < 1:
         _parser().error(f"--runs {args.runs}: give at least 1")
-    from . import load
+    from .library import Library
+    from .spec import read_spec
 
     rows, failed = [], False
     for manifest in args.manifests:
         name, pipeline = Path(manifest).stem, None
         try:
-            lib = load(manifest)
-            name, pipeline = lib.spec.name, lib.spec.pipeline
+            spec = read_spec(manifest)
+            name, pipeline = spec.name, spec.pipeline
+            lib = Library(spec)
             row = lib.evaluate(args.runs, reference=not args.no_reference, seed=args.seed,
                                onnx_model=args.onnx)
             if row.get("reference") and not row["ok"]:
