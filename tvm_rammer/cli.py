@@ -213,15 +213,31 @@ def cmd_compile(args) -> int:
     import time
 
     from . import frontend
+    from .host import cross
+    from .target import plain_target, resolve_target
+
+    target = resolve_target(args.target)
+    built_for = target if args.pipeline == "rammer" else plain_target(target)
+    warning = cross.source_warning(built_for)
+    if warning:
+        print(f"tvm-rammer: warning: {warning}", file=sys.stderr)  # said before the long compile
 
     def run(extra):
-        ex = frontend.compile(args.model, target=args.target, config=_config(args))
+        if args.pipeline == "rammer":
+            ex = frontend.compile(args.model, target=target, config=_config(args))
+        else:  # TVM's default pipeline, built as `bench` builds its tvm-default baseline
+            from .benchmarks.systems import TVM_DEFAULT, TVMSystem
+            system = TVMSystem(TVM_DEFAULT, target, _config(args))
+            ex = system.build(system.lower(frontend.import_onnx(args.model)))
         start = time.perf_counter()
-        ex.export_library(args.output)
+        done = cross.export(ex, args.output, built_for)
         extra.append(("export_library (CUDA and host code)", time.perf_counter() - start))
+        return done
 
-    _timed(args, run)
-    print(f"wrote {args.output}")
+    done = _timed(args, run)
+    what = {cross.BINARY: f" (CUDA: binary for {done.arch})" if done.arch else "",
+            cross.SOURCE: " (CUDA: source, compiled by the GPU host when it loads the library)"}
+    print(f"wrote {args.output}{what.get(done.cuda, '')}")
     return 0
 
 
@@ -323,9 +339,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_model(args) -> int:
-    import onnx
-
-    from .models import get_model
+    from .models import get_model, save_model
     params = {}
     for item in args.param:
         key, _, value = item.partition("=")
@@ -333,8 +347,9 @@ def cmd_model(args) -> int:
             raise ValueError(f"--param {item!r}: use NAME=VALUE, e.g. --param n=16")
         params[key.strip()] = _param_value(value.strip())
     _check_params(args.name, params)
-    onnx.save(get_model(args.name, batch=args.batch, **params), args.output)
-    print(f"wrote {args.output}")
+    data = save_model(get_model(args.name, batch=args.batch, **params), args.output)
+    print(f"wrote {args.output}" + (f" and its weights {data} (external data: past ONNX's 2 GiB "
+                                    f"protobuf limit; keep the two files together)" if data else ""))
     return 0
 
 
@@ -405,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("-o", "--output", required=True, type=_output_path,
                    help="output library (.so; .tar for an archive); its directory must exist")
+    p.add_argument("--pipeline", default="rammer", choices=["rammer", "default"],
+                   help="rammer (default), or TVM's default pipeline for the same target (the "
+                        "baseline, built alike)")
     _add_emulate_versions(p)
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
