@@ -1,0 +1,241 @@
+"""Kernel versions timed over GPU leases (issue 31, items 4 and 5): the jobs recorded without a GPU
+are those the profiler's decisive rule measures; the runtime-only timer checks and times built
+kernels and catches a wrong one; a lease's results become a shipped profile that a compile without
+a GPU reads and chooses by."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from fake_device import FakeDevice
+from tvm_rammer.config import RammerConfig
+from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.inspection import inspect_model
+from tvm_rammer.lease import kernel_results, kernels
+from tvm_rammer.lease.kernels import KernelEntry
+from tvm_rammer.models import REDUCED, get_model
+from tvm_rammer.tuning import profile_db
+from tvm_rammer.tuning.profile_db import JsonProfileDB
+from tvm_rammer.tuning.profiler import Profiler
+
+TARGET = "rammer/nvidia-h200"
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ROOT / "tvm_rammer" / "runtime" / "kernel_timing.py"
+ALEXNET = {"zoo": "alexnet", "params": REDUCED["alexnet"], "batch": 1}
+H200 = {"name": "NVIDIA H200", "arch": "sm_90", "driver": "570.00"}
+
+
+def kernel_us(job):
+    return 5.0 if job.base else 3.0
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return kernels.record_jobs(ALEXNET, TARGET)
+
+
+def operators(summary):
+    return [op for program in summary["programs"] for op in program["operators"]]
+
+
+def test_recorded_jobs_are_those_a_device_measures(recorded, tmp_path):
+    profiler = Profiler(JsonProfileDB(str(tmp_path / "fake.json")), FakeDevice(kernel_us=kernel_us),
+                        "sm_90a", margin=RammerConfig().profile_margin)
+    lower(import_onnx(get_model("alexnet", **REDUCED["alexnet"])), TARGET, RammerConfig(), profiler)
+    profiler.flush()
+    assert recorded.jobs and [j.label for j in recorded.jobs] == profiler.device.measured
+    assert not recorded.measured
+    assert set(recorded.decisive) >= {j.key for j in recorded.jobs}
+
+    # the records of a database (all but two operators' here) and what an earlier lease timed
+    # (timed.json: the first of those two) are not asked again
+    fake = JsonProfileDB(str(tmp_path / "fake.json"))
+    (device,) = fake.devices()
+    first, second = list(dict.fromkeys(j.operator for j in recorded.jobs))[:2]
+    known = JsonProfileDB()
+    known.put_many([("kernel", k, device, fake.get("kernel", k, device)) for k in recorded.decisive
+                    if not any(j.key == k and j.operator in (first, second) for j in recorded.jobs)])
+    timed = [j.key for j in recorded.jobs if j.operator == first]
+    rest = kernels.record_jobs(ALEXNET, TARGET, db=known, timed=timed)
+    assert [j.label for j in rest.jobs] == [j.label for j in recorded.jobs if j.operator == second]
+    assert len(rest.measured) == len(rest.decisive) - len(rest.jobs) - len(timed)
+
+
+def test_entries_put_each_reference_before_its_versions_once(recorded):
+    entries, value = kernels.entries_of(recorded)
+    assert value["predicted_gain_us"] > 0 and value["at_stake_us"] >= value["predicted_gain_us"]
+    keys = [e.key for e in entries]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {j.key for j in recorded.jobs} | {j.reference_key for j in recorded.jobs}
+    for i, e in enumerate(entries):
+        if e.role == "version":
+            assert e.reference in keys[:i]
+    again, _ = kernels.entries_of(recorded, seen=set(keys))  # a second model sharing every kernel
+    assert again == []
+
+
+@pytest.mark.nvcc
+def test_prepare_builds_libraries_and_a_manifest_then_reuses_them(recorded, tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "record_jobs", lambda *args: recorded)  # recorded once (above)
+    monkeypatch.setattr(kernels, "_sources_digest", lambda: "fixed")  # others edit the tree
+    out = str(tmp_path / "kernels")
+    manifest = kernels.prepare_kernels([ALEXNET], out, size_budget_mib=40)
+    assert manifest["format"] == kernels.FORMAT and manifest["arch"] == "sm_90a"
+    listed = {k["key"] for k in manifest["kernels"]}
+    assert listed == {j.key for j in recorded.jobs} | {j.reference_key for j in recorded.jobs}
+    for lib in manifest["libraries"]:
+        assert os.path.getsize(os.path.join(out, lib["library"])) == lib["bytes"] > 0
+        assert lib["cuda_format"] in ("source", "binary")
+    assert all(k["registers"] for k in manifest["kernels"])  # nvcc compiled each one
+    (model,) = manifest["models"]
+    assert model["to_time"] == model["built"] == len(recorded.jobs) and manifest["left_out"] == 0
+    stamps = {lib["library"]: os.path.getmtime(os.path.join(out, lib["library"]))
+              for lib in manifest["libraries"]}
+    assert kernels.prepare_kernels([ALEXNET], out, size_budget_mib=40) == manifest  # unchanged
+    assert stamps == {n: os.path.getmtime(os.path.join(out, n)) for n in stamps}
+
+
+# --- the GPU side, on llvm-built kernels ------------------------------------------------------------
+
+def _matmul(variant: str):
+    a = te.placeholder((16, 32), "float32", name="a")
+    b = te.placeholder((32, 8), "float32", name="b")
+    k = te.reduce_axis((0, 32), name="k")
+    if variant == "wrong":  # forgets the last row of the reduction
+        c = te.compute((16, 8), lambda i, j: te.sum(
+            tvm.tirx.if_then_else(k < 31, a[i, k] * b[k, j], 0.0), axis=k), name="c")
+    else:
+        c = te.compute((16, 8), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    func = te.create_prim_func([a, b, c])
+    if variant == "split":  # the same result, another loop order
+        sch = tvm.s_tir.Schedule(func)
+        i, j, kk = sch.get_loops(sch.get_sblock("c"))
+        io, ii = sch.split(i, [4, 4])
+        sch.reorder(io, j, ii)
+        func = sch.mod["main"]
+    return func
+
+
+def _llvm_manifest(out: str) -> dict:
+    ref = KernelEntry("ref0", "mm:tvm_default", _matmul("plain"), "mm", "reference", None, 1, "test")
+    good = KernelEntry("good", "mm:split", _matmul("split"), "mm", "version", "ref0", 1, "test", 1.0)
+    bad = KernelEntry("bad", "mm:wrong", _matmul("wrong"), "mm", "version", "ref0", 1, "test", 0.5)
+    libraries, built, left = kernels.build_libraries([ref, good, bad], "llvm", out)
+    assert left == 0 and len(libraries) == 1
+    return kernels.write_manifest(out, "llvm", None, "cpu", libraries, built)
+
+
+def _timing(*args, env=None):
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(TIMING), *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+
+
+def test_timing_checks_and_times_llvm_kernels_runtime_only_and_catches_a_wrong_one(tmp_path):
+    out = tmp_path / "lib"
+    _llvm_manifest(str(out))
+    results = tmp_path / "results.jsonl"
+    done = _timing(out / "kernels.json", "--out", results, "--budget-s", 120, "--number", 2,
+                   "--repeat", 2)
+    assert done.returncode == 0, done.stderr
+    lines = {r["key"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert set(lines) == {"ref0", "good", "bad"}
+    assert lines["ref0"]["valid"] is True and lines["ref0"]["kernel_us"] > 0
+    assert lines["good"]["valid"] is True and lines["good"]["error"] < 1e-5
+    assert lines["good"]["default_us"] == lines["ref0"]["kernel_us"]
+    assert lines["bad"]["valid"] is False and lines["bad"]["error"] > 1e-3  # the negative control
+    assert "differs from TVM's default kernel" in lines["bad"]["reason"]
+    again = _timing(out / "kernels.json", "--out", results)  # continues: nothing left
+    assert again.returncode == 0 and '"timed": 0' in again.stdout
+    assert len(results.read_text().splitlines()) == 3
+
+
+def test_timing_without_the_device_lists_what_it_would_time(tmp_path):
+    kernel = {"library": "kernels-x.so", "function": "rk_a", "key": "a", "label": "op:dlight",
+              "operator": "op", "role": "reference", "reference": None, "num_outputs": 1,
+              "params": [["x", [4], "float32"], ["y", [4], "float32"]]}
+    kernels.write_manifest(str(tmp_path), TARGET, "sm_90a", "cuda", [{"library": "kernels-x.so"}],
+                           [kernel])
+    done = _timing(tmp_path / "kernels.json", "--out", tmp_path)
+    if "would time" not in done.stdout:
+        pytest.skip("a CUDA device is visible here")
+    assert done.returncode == 0 and "would time 1 kernel(s) in 1 library" in done.stdout
+    assert not (tmp_path / kernels.RESULTS).exists()
+
+
+def test_timing_refuses_a_file_that_is_not_a_manifest(tmp_path):
+    (tmp_path / "x.json").write_text("{}")
+    done = _timing(tmp_path / "x.json", "--out", tmp_path / "r.jsonl")
+    assert done.returncode == 2 and "is not a kernel manifest" in done.stderr
+
+
+# --- the loop: results -> shipped profile -> the next compile ---------------------------------------
+
+def _results(recorded, operator: str, dlight_us: float, other_us: float) -> list:
+    """Made-up lease results for ``operator``: its dlight version (its reference) and its best
+    predicted other version, with the given times."""
+    jobs = [j for j in recorded.jobs if j.operator == operator]
+    base = next(j for j in jobs if j.base)
+    other = min((j for j in jobs if not j.base), key=lambda j: j.predicted_us)
+    assert base.key == base.reference_key  # the dlight version is TVM's default kernel here
+    return [{"key": base.key, "role": "reference", "kernel_us": dlight_us, "valid": True,
+             "error": 0.0, "registers": 32, "shared_bytes": 0, "seconds": 0.1},
+            {"key": other.key, "role": "version", "reference": base.key, "kernel_us": other_us,
+             "valid": True, "error": 1e-7, "registers": 40, "shared_bytes": 1024, "seconds": 0.1,
+             "label": other.label}]
+
+
+def _compiled_choice(recorded, tmp_path, monkeypatch, dlight_us, other_us, name):
+    profiles = tmp_path / name
+    results = tmp_path / f"{name}.jsonl"
+    operator = recorded.jobs[0].operator
+    lines = _results(recorded, operator, dlight_us, other_us)
+    lines.append({"key": "feedbeef00000000", "role": "version", "kernel_us": None, "valid": None,
+                  "reason": "timed out: no result within 60 s"})  # a failure: not a fact
+    results.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    timed = tmp_path / f"{name}-lease" / "timed.json"
+    info = kernel_results.import_results(str(results), H200, profiles_dir=profiles, timed_path=timed)
+    assert info["written"] == 2 and info["failed"] == 1
+    assert Path(info["path"]).name == "nvidia-h200.json"
+    doc = json.loads(Path(info["path"]).read_text())
+    assert doc["format"] == profile_db.FORMAT and list(doc["devices"]) == ["NVIDIA H200 | sm_90 | driver 570.00"]
+    assert json.loads(timed.read_text())["kernels"]["feedbeef00000000"].startswith("timed out")
+    # a compile without a GPU reads the shipped database of the target's arch (no user cache)
+    monkeypatch.setattr(profile_db, "SHIPPED_DIR", profiles)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / f"cache-{name}"))
+    summary = inspect_model(get_model("alexnet", **REDUCED["alexnet"]), TARGET,
+                            RammerConfig(check_unmeasured=False))
+    (op,) = [o for o in operators(summary) if o["name"] == operator]
+    return op, lines[1]["label"]
+
+
+def test_imported_results_change_the_choice_of_a_compile_without_a_gpu(recorded, tmp_path, monkeypatch):
+    op, other = _compiled_choice(recorded, tmp_path, monkeypatch, 10.0, 1.0, "faster")
+    assert op["kernel"].split("#")[0] == other and op["time_source"] == "shipped"
+
+
+def test_imported_results_that_favour_dlight_keep_it(recorded, tmp_path, monkeypatch):
+    op, _ = _compiled_choice(recorded, tmp_path, monkeypatch, 1.0, 10.0, "slower")
+    assert op["version"] == "dlight" and op["time_source"] == "shipped"
+
+
+def test_state_table_counts_measured_kernels_and_leases_left(tmp_path):
+    device = kernel_results.device_id(H200)
+    db = JsonProfileDB(str(tmp_path / "p.json"))
+    db.put_many([("kernel", "a", device, {"kernel_us": 1.0, "valid": True, "error": 0.0}),
+                 ("kernel", "b", device, {"valid": False, "error": None, "reason": "run failed: x"})])
+    manifest = {"models": [{"name": "m1", "decisive": ["a", "b", "c"]},
+                           {"name": "m2", "decisive": ["a"]}]}
+    rows = kernel_results.state_table(manifest, db, device, per_lease=1)
+    assert rows == [{"model": "m1", "decisive": 3, "measured": 1, "left": 2, "leases_left": 2},
+                    {"model": "m2", "decisive": 1, "measured": 1, "left": 0, "leases_left": 0}]
+    assert "| m1 | 3 | 1 | 2 | 2 |" in kernel_results.state_markdown(rows, per_lease=1)
+    assert kernel_results.kernels_per_lease(0.2, 120.0) == 600
+    assert kernel_results.kernels_per_lease(0.2, 120.0, size_mib=10, mib_per_kernel=0.1) == 100
+    assert kernel_results.leases_needed(601, 0, 600) == 2

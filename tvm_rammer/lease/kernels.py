@@ -1,0 +1,511 @@
+"""Kernel versions for a GPU lease (issue 31, item 4): the jobs a compile's profiler would measure,
+found here without a GPU, built here as libraries the GPU host only loads and times.
+
+:func:`prepare_kernels` runs, per model, the rammer compile up to its profiling phase against a
+*recording* device (:class:`RecordingDevice`: it measures nothing and keeps the jobs it is given),
+so the jobs are exactly those ``Profiler.prepare`` would measure on a GPU: the ones the profiler's
+decisive rule keeps (``profiler.decisive_jobs``: an operator's versions only when one of them is
+predicted within the margin of its dlight version) that have no record yet in the profile database
+read for the target (``db``, or the shipped one of the target's arch) nor in ``timed.json`` (what a
+lease timed already, :mod:`tvm_rammer.lease.kernel_results`). The compile stops right after that
+phase (nothing of the policy or the code generation runs).
+
+The jobs' kernels, and per operator TVM's default kernel (the validity reference, as
+``measure.CudaDevice`` uses it), are built with the profiler's own batch build
+(``measure._batch_build_worker``: one TVM build, link and nvcc run per library), many kernels per
+library, for the target (binaries for its arch where TVM builds CUDA binaries here, else the CUDA
+source, which the GPU host compiles at load; ``cuda_format`` in the manifest says which). The
+libraries are named by the hash of what they hold, so an unchanged library is not built again.
+
+The manifest (``kernels.json``, format :data:`FORMAT`) is what ``tvm_rammer.runtime.kernel_timing``
+reads on the GPU host::
+
+    {"format", "target", "arch", "device_type", "device": the DB device the records are read for,
+     "libraries": [{"library", "bytes", "kernels", "build_s", "cuda_format"}],
+     "kernels": [{"library", "function", "key", "label", "operator", "model", "role": "reference" |
+                  "version", "reference": key of its reference (None for a reference),
+                  "num_outputs", "params": [[name, shape, dtype]], "predicted_us", "base",
+                  "registers", "shared_bytes"}],            # in timing order
+     "models": [{"model": {"zoo", "params", "batch"}, "name", "decisive": [keys], "measured": n,
+                 "to_time": n, "built": n, "predicted_gain_us", "at_stake_us", "record_s"}],
+     "left_out": n}                                          # to time, not built (size budget)
+
+Models are taken in order of value (``predicted_gain_us``: per decisive operator, its dlight
+version's predicted time less the best other version's; then ``at_stake_us``, the dlight times of
+the decisive operators), operators within a model likewise, a reference before its versions.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..gpu import DeviceId
+from ..tuning.measure import BudgetSpent, KernelJob
+from ..tuning.profiler import Profiler, decisive_jobs
+
+__all__ = ["FORMAT", "DEFAULT_TARGET", "MANIFEST", "TIMED", "RecordingDevice", "RecordedModel",
+           "KernelEntry", "model_spec", "record_jobs", "entries_of", "build_libraries",
+           "prepare_kernels", "write_manifest", "timed_keys", "prepare"]
+
+LOG = logging.getLogger("tvm_rammer")
+FORMAT = "tvm-rammer-kernels/1"
+DEFAULT_TARGET = "rammer/nvidia-h200"
+MANIFEST = "kernels.json"
+TIMED = "timed.json"  # kernel key -> outcome, what earlier leases timed (kernel_results writes it)
+KERNELS_PER_LIBRARY = 32
+
+
+class RecordingDevice:
+    """A ``measure.MeasureDevice`` that measures nothing: ``jobs`` gets every job the profiler asks
+    it to measure, and each comes back not measured (None), as past a budget; no rProgram is
+    timed (:class:`~tvm_rammer.tuning.measure.BudgetSpent`)."""
+
+    def __init__(self, device_id: DeviceId):
+        self.id = device_id
+        self.jobs: list = []
+
+    def measure_kernels(self, jobs, progress, within_s=None) -> list:
+        self.jobs.extend(jobs)
+        return [None] * len(jobs)
+
+    def time_kernel(self, func, fixed, within_s=None):
+        raise BudgetSpent("a recording device times nothing")
+
+
+class _Recorded(BaseException):
+    """Raised after the profiling phase: the recording compile has what it needs. Not an
+    ``Exception``: the back end's guard (a failure while measuring keeps TVM's default kernels
+    and goes on compiling) must let it through, so nothing after the phase runs."""
+
+
+class _RecordingProfiler(Profiler):
+    """A profiler whose ``prepare`` keeps every job it is given (``all_jobs``), asks its device
+    to measure what the decisive rule keeps, then stops the compile (:class:`_Recorded`)."""
+
+    all_jobs: list | None = None
+
+    def prepare(self, jobs: Sequence[KernelJob]) -> None:
+        self.all_jobs = list(jobs)
+        super().prepare(jobs)
+        raise _Recorded("recorded")
+
+
+class _Overlay:
+    """The profile database a recording compile reads: ``base``'s records of ``base_device`` (or
+    nothing), a placeholder record for every key in ``timed`` (timed by an earlier lease: not asked
+    again), and in memory what the compile writes (operator records; nothing reaches ``base``)."""
+
+    def __init__(self, base, base_device: DeviceId | None, timed=()):
+        self.base, self.base_device, self.timed = base, base_device, set(timed)
+        self.path = None
+        self._mem: dict = {}
+
+    def get(self, kind: str, key: str, device):
+        if (kind, key) in self._mem:
+            return self._mem[(kind, key)]
+        if kind == "kernel" and key in self.timed:
+            return {"kernel_us": None, "valid": None, "error": None, "timed_by_lease": True}
+        if self.base is None or self.base_device is None:
+            return None
+        return self.base.get(kind, key, self.base_device)
+
+    def put_many(self, items) -> None:
+        for kind, key, _, record in items:
+            self._mem[(kind, key)] = dict(record)
+
+    def flush(self) -> None:
+        pass
+
+    def device_for(self, arch: str, name: str | None = None):
+        return self.base_device
+
+
+@dataclass(frozen=True)
+class RecordedModel:
+    """What one model's recording compile found: ``jobs`` (to time: decisive, without a record),
+    ``decisive`` (the keys of every job the decisive rule keeps, measured or not, with their
+    references), ``measured`` (those of ``decisive`` with a record), ``seconds`` (of the compile)."""
+
+    name: str
+    model: dict
+    jobs: list
+    decisive: list
+    measured: list
+    seconds: float
+
+
+def model_spec(model) -> dict:
+    """``{"zoo", "params", "batch"}`` of a model given as a zoo name (full size) or as that dict
+    (the lease manifest's ``model`` form, e.g. with ``models.REDUCED`` params)."""
+    from ..models import MODELS
+
+    spec = {"zoo": model, "params": {}, "batch": 1} if isinstance(model, str) else \
+        {"zoo": model["zoo"], "params": dict(model.get("params") or {}), "batch": int(model.get("batch", 1))}
+    if spec["zoo"] not in MODELS:
+        raise ValueError(f"unknown zoo model {spec['zoo']!r}; valid names: {', '.join(sorted(MODELS))}")
+    return spec
+
+
+def _source_device(db, arch: str):
+    """(database, device) whose records a compile without a GPU reads for ``arch``: ``db``'s device
+    of that arch, else the first shipped database that has one (``Profiler``'s rule)."""
+    from ..tuning.profile_db import shipped_profile_dbs
+
+    for candidate in ([db] if db is not None else []) + shipped_profile_dbs():
+        found = candidate.device_for(arch)
+        if found is not None:
+            return candidate, found
+    return None, None
+
+
+def record_jobs(model, target: str = DEFAULT_TARGET, db=None, config=None,
+                timed: Sequence[str] = ()) -> RecordedModel:
+    """Run ``model``'s rammer compile (``target``, ``config``: a ``RammerConfig``) to its profiling
+    phase against a :class:`RecordingDevice` and return what it would measure (see the module
+    docstring); ``db`` and the shipped databases are read, never written."""
+    from ..config import RammerConfig
+    from ..frontend import import_onnx, lower
+    from ..models import get_model
+    from ..target import resolve_target, target_arch
+
+    spec = model_spec(model)
+    config = config or RammerConfig()
+    arch = target_arch(resolve_target(target))
+    base, base_device = _source_device(db, arch)
+    overlay = _Overlay(base, base_device, timed)
+    device = RecordingDevice(base_device or DeviceId(f"lease {arch}", arch, "unknown"))
+    profiler = _RecordingProfiler(overlay, device, arch, rprogram_budget=0, progress=False,
+                                  margin=config.profile_margin, budget_s=None)
+    start = time.perf_counter()
+    mod = import_onnx(get_model(spec["zoo"], batch=spec["batch"], **spec["params"]))
+    try:
+        lower(mod, target, config, profiler)
+    except BaseException as err:  # the stop after the profiling phase, through TVM's passes
+        if profiler.all_jobs is None or isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+    seconds = time.perf_counter() - start
+    chosen = decisive_jobs(profiler.all_jobs or [], config.profile_margin)
+    keys = _keys_of(chosen)
+    measured = [k for k in keys if k not in overlay.timed and overlay.get("kernel", k, None) is not None]
+    return RecordedModel(spec["zoo"], spec, list(device.jobs), keys, measured, seconds)
+
+
+def _keys_of(jobs) -> list:
+    """The kernel keys of ``jobs`` with their references', each once, in order."""
+    keys: dict = {}
+    for job in jobs:
+        if job.reference_key:
+            keys.setdefault(job.reference_key, None)
+        keys.setdefault(job.key, None)
+    return list(keys)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One kernel of a lease library: ``func`` (a scheduled PrimFunc), its ``key``
+    (``versions.func_key``), ``role`` "reference" (TVM's default kernel of ``operator``) or
+    "version" (checked against ``reference``, a key), ``num_outputs`` (the last parameters)."""
+
+    key: str
+    label: str
+    func: object
+    operator: str
+    role: str
+    reference: str | None
+    num_outputs: int
+    model: str = ""
+    predicted_us: float | None = None
+    base: bool = False
+
+
+def _operator_value(jobs: list) -> tuple:
+    """(predicted gain, dlight time) of one operator's jobs (0 where not predicted)."""
+    base = next((j.predicted_us for j in jobs if j.base), None)
+    others = [j.predicted_us for j in jobs if not j.base and j.predicted_us is not None]
+    if base is None:
+        return 0.0, 0.0
+    return (max(0.0, base - min(others)) if others else 0.0), base
+
+
+def entries_of(recorded: RecordedModel, seen: set | None = None) -> tuple:
+    """``(entries, value)``: the :class:`KernelEntry` list of a model's jobs (per operator in order
+    of predicted gain: its reference, then its versions by predicted time; a key in ``seen`` is
+    skipped and ``seen`` gets the new ones) and ``{"predicted_gain_us", "at_stake_us"}``.
+    Operators without a reference (nothing to check a version against) are left out."""
+    seen = set() if seen is None else seen
+    groups: dict = {}
+    for job in recorded.jobs:
+        groups.setdefault(job.operator or job.label.split(":", 1)[0], []).append(job)
+    values = {op: _operator_value(jobs) for op, jobs in groups.items()}
+    entries = []
+    for op in sorted(groups, key=lambda o: (-values[o][0], -values[o][1], o)):
+        jobs = groups[op]
+        ref = next((j for j in jobs if j.reference is not None), None)
+        if ref is None:
+            LOG.info("tvm-rammer: %s has no default kernel to check its versions against: left out", op)
+            continue
+        if ref.reference_key not in seen:  # the dlight version, when it is the default kernel
+            seen.add(ref.reference_key)
+            same = next((j for j in jobs if j.key == ref.reference_key), None)
+            entries.append(KernelEntry(ref.reference_key, same.label if same else f"{op}:tvm_default",
+                                       ref.reference, op, "reference", None, ref.num_outputs,
+                                       recorded.name, same.predicted_us if same else None,
+                                       bool(same and same.base)))
+        for job in sorted(jobs, key=lambda j: (j.predicted_us is None, j.predicted_us or 0.0)):
+            if job.key in seen:
+                continue
+            seen.add(job.key)
+            entries.append(KernelEntry(job.key, job.label, job.func, op, "version", job.reference_key,
+                                       job.num_outputs, recorded.name, job.predicted_us, job.base))
+    gain = sum(v[0] for v in values.values())
+    stake = sum(v[1] for v in values.values())
+    return entries, {"predicted_gain_us": round(gain, 3), "at_stake_us": round(stake, 3)}
+
+
+def _cuda_format(path: str) -> str | None:
+    """How the CUDA module of a library is stored: "source" (compiled at load on the GPU host),
+    "binary" (a fatbin or cubin), None (no CUDA module)."""
+    data = Path(path).read_bytes()
+    if b"__global__" in data:
+        return "source"
+    if b"\x50\xed\x55\xba" in data or b"\x7fELF" in data[64:] and b".nv.info" in data:
+        return "binary"
+    return None
+
+
+def _library_name(entries: Sequence[KernelEntry], spec: dict) -> str:
+    """A library's file name from what it holds (the kernels' keys, the target, TVM's version)."""
+    import tvm
+
+    doc = json.dumps({"keys": [e.key for e in entries], "target": spec,
+                      "tvm": getattr(tvm, "__version__", "")}, sort_keys=True, default=str)
+    return f"kernels-{hashlib.sha1(doc.encode()).hexdigest()[:12]}.so"
+
+
+def _function_name(entry: KernelEntry) -> str:
+    return f"rk_{entry.key}"
+
+
+def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
+                    size_budget_mib: float | None = None,
+                    kernels_per_library: int = KERNELS_PER_LIBRARY) -> tuple:
+    """Build ``entries`` into libraries under ``out_dir`` (whole operators per library, about
+    ``kernels_per_library`` kernels each) until their total size reaches ``size_budget_mib``.
+    Returns ``(libraries, kernels, left_out)``: the manifest's ``libraries`` and ``kernels`` lists
+    and how many entries were not built. An unchanged library (same name) is reused."""
+    import tvm
+
+    from tir_templates.cuda_resources import find_tool
+
+    from ..target import resolve_target, target_spec
+    from ..tuning.measure import _batch_build_worker, param_specs
+
+    tgt = target if isinstance(target, tvm.target.Target) else resolve_target(target) \
+        if str(target).startswith("rammer/") else tvm.target.Target(target)
+    spec = target_spec(tgt)
+    cuda = tgt.kind.name == "cuda"
+    os.makedirs(out_dir, exist_ok=True)
+    libraries, kernels, total = [], [], 0
+    chunks = _chunks(list(entries), kernels_per_library)
+    for n, chunk in enumerate(chunks):
+        if size_budget_mib is not None and libraries and \
+                total + libraries[-1]["bytes"] > size_budget_mib * 2**20:
+            return libraries, kernels, sum(len(c) for c in chunks[n:])
+        name = _library_name(chunk, spec)
+        path, info_path = os.path.join(out_dir, name), os.path.join(out_dir, name + ".info.json")
+        start = time.perf_counter()
+        if os.path.exists(path) and os.path.exists(info_path):
+            with open(info_path, encoding="utf-8") as f:
+                built = json.load(f)
+        else:
+            mod = tvm.IRModule({_function_name(e): e.func.with_attr("global_symbol", _function_name(e))
+                                for e in chunk})
+            wanted = [_function_name(e) for e in chunk] if (cuda and find_tool("nvcc")) else []
+            items = _batch_build_worker(tvm.ir.save_json(mod), spec, path, wanted)
+            built = {"items": {i["entry"]: {k: i.get(k) for k in ("registers", "shared_bytes",
+                                                                 "resources_error")}
+                               for i in items},
+                     "build_s": round(time.perf_counter() - start, 2)}
+            with open(info_path, "w", encoding="utf-8") as f:
+                json.dump(built, f)
+        size = os.path.getsize(path)
+        total += size
+        libraries.append({"library": name, "bytes": size, "kernels": len(chunk),
+                          "build_s": built["build_s"], "cuda_format": _cuda_format(path) if cuda else None})
+        for e in chunk:
+            res = built["items"].get(_function_name(e), {})
+            kernels.append({"library": name, "function": _function_name(e), "key": e.key,
+                            "label": e.label, "operator": e.operator, "model": e.model,
+                            "role": e.role, "reference": e.reference, "num_outputs": e.num_outputs,
+                            "params": [list(p) for p in param_specs(e.func)],
+                            "predicted_us": e.predicted_us, "base": e.base,
+                            "registers": res.get("registers"), "shared_bytes": res.get("shared_bytes")})
+    return libraries, kernels, 0
+
+
+def _chunks(entries: list, size: int) -> list:
+    """``entries`` cut into chunks of about ``size``, an operator's entries never split."""
+    chunks, current = [], []
+    for i, entry in enumerate(entries):
+        current.append(entry)
+        nxt = entries[i + 1] if i + 1 < len(entries) else None
+        if len(current) >= size and (nxt is None or nxt.operator != entry.operator or nxt.role == "reference"):
+            chunks.append(current)
+            current = []
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def timed_keys(out_dir: str) -> dict:
+    """``timed.json`` of ``out_dir``: kernel key -> outcome of what earlier leases timed ({} when
+    there is none)."""
+    path = os.path.join(out_dir, TIMED)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return dict(json.load(f).get("kernels", {}))
+
+
+def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | None, db=None,
+                    target: str = DEFAULT_TARGET, config=None, max_kernels: int | None = None,
+                    kernels_per_library: int = KERNELS_PER_LIBRARY) -> dict:
+    """Record, build and list the kernel versions a lease is to time (module docstring).
+
+    ``models``: zoo names (full size) or ``{"zoo", "params", "batch"}``; ``out_dir``: where the
+    libraries and ``kernels.json`` go (and where ``timed.json`` is read); ``size_budget_mib``: the
+    libraries' total size at most (None: no limit); ``db``: the profile database whose records
+    (for the target's arch) need no timing (None: the shipped ones); ``max_kernels``: at most this
+    many kernels built (what the lease's time allows). Returns the manifest (also written)."""
+    from ..target import resolve_target, target_arch
+
+    tgt = resolve_target(target)
+    arch = target_arch(tgt)
+    timed = timed_keys(out_dir)
+    key = _inputs_key(models, target, db, config, timed, size_budget_mib, max_kernels,
+                      kernels_per_library)
+    previous = _read_manifest(out_dir)
+    if previous is not None and previous.get("inputs_key") == key and all(
+            os.path.exists(os.path.join(out_dir, lib["library"])) for lib in previous["libraries"]):
+        return previous  # nothing that decides the jobs changed: no recording compile again
+    recorded = [record_jobs(m, target, db, config, timed) for m in models]
+    seen, per_model = set(), []
+    for rec in recorded:
+        entries, value = entries_of(rec, seen)
+        per_model.append((rec, entries, value))
+    per_model.sort(key=lambda x: (-x[2]["predicted_gain_us"], -x[2]["at_stake_us"], x[0].name))
+    entries = [e for _, es, _ in per_model for e in es]
+    cut = entries[max_kernels:] if max_kernels is not None else []
+    if cut:  # whole operators only
+        keep = entries[:max_kernels]
+        while keep and len(keep) < len(entries) and entries[len(keep)].operator == keep[-1].operator \
+                and entries[len(keep)].role != "reference":
+            keep.pop()
+        cut, entries = entries[len(keep):], keep
+    libraries, kernels, left = build_libraries(entries, tgt, out_dir, size_budget_mib,
+                                               kernels_per_library)
+    built = {k["key"] for k in kernels}
+    _, device = _source_device(db, arch)
+    models_doc = [{"model": rec.model, "name": rec.name, "decisive": rec.decisive,
+                   "measured": len(rec.measured), "to_time": len(rec.jobs),
+                   "built": sum(e.key in built for e in es), **value, "record_s": round(rec.seconds, 1)}
+                  for rec, es, value in per_model]
+    return write_manifest(out_dir, str(target), arch, tgt.kind.name, libraries, kernels, models_doc,
+                          left + len(cut), device.key if device is not None else None, key)
+
+
+def _read_manifest(out_dir: str) -> dict | None:
+    path = os.path.join(out_dir, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+
+
+def _sources_digest() -> str:
+    """The hash of tvm-rammer's Python sources (``tvm_rammer``, ``relay_passes``, ``tir_templates``)."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha1()
+    for package in ("tvm_rammer", "relay_passes", "tir_templates"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _inputs_key(models, target, db, config, timed, *limits) -> str:
+    """What decides a prepare's jobs and libraries: tvm-rammer's sources (``tvm_rammer``,
+    ``relay_passes``, ``tir_templates``), TVM's version, the models, target, config and limits,
+    the profile databases read (the given one's file, the shipped ones) and ``timed``."""
+    import tvm
+
+    from ..tuning.profile_db import SHIPPED_DIR
+
+    digest = hashlib.sha1(_sources_digest().encode())
+
+    dbs = sorted(SHIPPED_DIR.glob("*.json")) + ([Path(db.path)] if getattr(db, "path", None) else [])
+    for path in dbs:
+        if path.exists():
+            digest.update(path.read_bytes())
+    if db is not None and getattr(db, "path", None) is None:
+        digest.update(repr(id(db)).encode())  # an in-memory database: never reused
+    doc = {"models": [model_spec(m) for m in models], "target": str(target), "limits": limits,
+           "config": repr(config), "timed": sorted(timed), "tvm": getattr(tvm, "__version__", "")}
+    digest.update(json.dumps(doc, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def write_manifest(out_dir: str, target: str, arch: str | None, device_type: str, libraries: list,
+                   kernels: list, models: list = (), left_out: int = 0, device: str | None = None,
+                   inputs_key: str | None = None) -> dict:
+    """Write ``out_dir/kernels.json`` (format :data:`FORMAT`, see the module docstring) from
+    :func:`build_libraries`' lists; returns it."""
+    manifest = {"format": FORMAT, "target": target, "arch": arch, "device_type": device_type,
+                "device": device, "libraries": list(libraries), "kernels": list(kernels),
+                "models": list(models), "left_out": left_out, "inputs_key": inputs_key}
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = os.path.join(out_dir, f".{MANIFEST}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(tmp, os.path.join(out_dir, MANIFEST))
+    return manifest
+
+
+
+# --- the lease's hook (tvm_rammer.lease.prepare's "kernels" step) ---------------------------------
+
+SECONDS_PER_KERNEL = 0.15  # estimated H200 seconds per kernel (load, check, time) before a lease
+LEASE_KERNEL_S = 120.0  # seconds of a 15-minute lease given to kernel timing after the models
+LEASE_MODELS = ("resnext29", "nasnet_cifar", "alexnet", "inception_v3", "squeezenet", "googlenet",
+                "randwire", "deepspeech2", "lstm_tc", "seq2seq")  # the zoo at full size
+RESULTS = "kernel_results.jsonl"  # kernel_timing's results file in the step's output folder
+TIMING_MODULE = "tvm_rammer.runtime.kernel_timing"
+
+
+def prepare(out_dir: str, target: str = DEFAULT_TARGET, budget_mib: float | None = None,
+            models: Sequence = LEASE_MODELS, db=None, time_s: float = LEASE_KERNEL_S,
+            seconds_per_kernel: float = SECONDS_PER_KERNEL) -> dict:
+    """The "kernels" step of a lease (``tvm_rammer.lease.prepare``): :func:`prepare_kernels` into
+    ``out_dir`` within ``budget_mib`` and as many kernels as ``time_s`` of timing allows at
+    ``seconds_per_kernel``; returns the step's index entry: ``{"module", "args"}`` (run on the GPU
+    host as ``python3 -m MODULE *ARGS --out DIR`` from the lease folder's parent), ``estimate_s``,
+    ``kernels``, ``libraries``, ``mib``, ``left_out``, ``manifest``."""
+    limit = max(1, int(time_s / max(seconds_per_kernel, 1e-6)))
+    manifest = prepare_kernels(models, out_dir, budget_mib, db, target, max_kernels=limit)
+    n = len(manifest["kernels"])
+    path = Path(out_dir).resolve() / MANIFEST
+    base = Path(out_dir).resolve().parent.parent  # the GPU side runs from the lease folder's parent
+    estimate = round(min(time_s, n * seconds_per_kernel) + 10.0, 1) if n else 0.0
+    return {"module": TIMING_MODULE if n else None,
+            "args": [os.path.relpath(path, base), "--budget-s", f"{max(estimate - 5.0, 1.0):g}"],
+            "estimate_s": estimate, "kernels": n, "libraries": len(manifest["libraries"]),
+            "mib": round(sum(lib["bytes"] for lib in manifest["libraries"]) / 2**20, 2),
+            "left_out": manifest["left_out"], "manifest": str(path)}
