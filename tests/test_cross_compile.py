@@ -107,6 +107,9 @@ def test_the_rewrite_labels_a_binary_as_tvm_does(h200, tmp_path, monkeypatch):
     source = cross.parse_cuda_module(cross.split_blob(cross.library_blob(
         str(_export_plain(ex, tmp_path / "plain.so"))))[1][2][1])
     assert source.code.decode() == code and source.table == module.table
+    # written under a temporary name, then renamed: the same mode as TVM's own export
+    assert (tmp_path / "m.so").stat().st_mode == (tmp_path / "plain.so").stat().st_mode
+    assert sorted(os.listdir(tmp_path)) == ["m.so", "plain.so"]
 
 
 def _export_plain(ex, path):

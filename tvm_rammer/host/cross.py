@@ -39,8 +39,8 @@ import functools
 import os
 import re
 import struct
+import secrets
 import subprocess
-import tempfile
 from dataclasses import dataclass
 
 from . import cuda_compile
@@ -192,9 +192,9 @@ def export(ex, path: str, target, **kwargs) -> Exported:
     how = plan(target)
     folder = os.path.dirname(os.path.abspath(path))
     suffix = os.path.splitext(path)[1] or ".so"
-    fd, part = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".part{suffix}",
-                                dir=folder)
-    os.close(fd)
+    # a unique name, not created here: the linker creates it with the mode a new file gets
+    part = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}."
+                                f"{secrets.token_hex(4)}.part{suffix}")
     compiled = []
     try:
         if sources and how.compiles:
