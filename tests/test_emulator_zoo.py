@@ -23,6 +23,8 @@ pytestmark = pytest.mark.skipif(
     reason="the emulator builds kernels with a C++ compiler (none on PATH)")
 
 SMALL = dict(num_sms=2, veus_per_sm=2)
+# Emulated with valid token ids and positions, and marked slow, in test_transformer_models.py.
+TRANSFORMERS = ("gpt2_decode", "llama_decode", "bert_base")
 FLOAT16 = ("resnext29", "alexnet")
 
 
@@ -42,7 +44,7 @@ def _emulated_error(name, proto, config):
     return err, tol
 
 
-@pytest.mark.parametrize("name", sorted(REDUCED))
+@pytest.mark.parametrize("name", sorted(set(REDUCED) - set(TRANSFORMERS)))
 def test_reduced_zoo_model_matches_onnxruntime(name):
     err, tol = _emulated_error(name, get_model(name, **REDUCED[name]), RammerConfig(**SMALL))
     assert tol == 1e-4 and err <= tol

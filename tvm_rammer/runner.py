@@ -24,7 +24,9 @@ ORT_MAX_IR_VERSION = 10  # onnxruntime 1.2x on the CPU machines; the GPU machine
 
 
 def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
-    """Seeded standard-normal inputs for every graph input that is not an initializer."""
+    """Seeded standard-normal inputs for every graph input that is not an initializer; integer
+    inputs (token ids, cache positions, attention masks) are 0, an index in range for any axis
+    (a normal draw cast to int64 gives -1 and -2: out of bounds for a Gather or a ScatterND)."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in proto.graph.initializer}
     inputs = {}
@@ -38,7 +40,10 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
                 f"input {value.name!r} has a symbolic shape {dims}: bind it with --batch N or "
                 f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.shapes)")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        inputs[value.name] = rng.standard_normal(dims).astype(dtype)
+        if np.issubdtype(dtype, np.integer):
+            inputs[value.name] = np.zeros(dims, dtype)
+        else:
+            inputs[value.name] = rng.standard_normal(dims).astype(dtype)
     return inputs
 
 

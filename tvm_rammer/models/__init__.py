@@ -1,6 +1,9 @@
 """Model zoo: ONNX models of the Rammer (OSDI'20), IOS, Nimble and Opara benchmarks, built with
 `onnx.helper` and NumPy only (random, fixed-seed weights; opset 17, IR version 8, float32).
 
+The transformers of issue 34 (`gpt2_decode`, `llama_decode`, `bert_base`) take int64 token ids;
+`save_model` writes any model, with external data past ONNX's 2 GiB limit.
+
 Every model function takes `batch` (default 1) and size arguments so tests can build a reduced
 version; `get_model(name, batch=1, **kw)` looks one up by name in `MODELS`.
 """
@@ -14,7 +17,9 @@ from .nasnet import nasnet_cifar
 from .randwire import randwire
 from .resnext import resnext29
 from .rnn import deepspeech2, lstm_tc, seq2seq
+from ._save import save_model
 from .squeezenet import squeezenet
+from .transformers import bert_base, gpt2_decode, llama_decode
 
 MODELS = {
     "resnext29": resnext29,
@@ -30,6 +35,9 @@ MODELS = {
     "nasbench_cell": nasbench_cell,
     "branches": branches,
     "two_branch": two_branch,
+    "gpt2_decode": gpt2_decode,
+    "llama_decode": llama_decode,
+    "bert_base": bert_base,
 }
 
 
@@ -50,6 +58,9 @@ REDUCED = {
     "nasbench_cell": dict(seed=3, channels=8, image_size=8),
     "branches": dict(n=4, k=16, n_out=8),
     "two_branch": dict(rows=4, k=16, n_out=8),
+    "gpt2_decode": dict(layers=2, d_model=64, heads=4, vocab=96, max_len=16),
+    "llama_decode": dict(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=128, vocab=96, max_len=16),
+    "bert_base": dict(layers=2, d_model=64, heads=4, seq_len=16, vocab=96),
 }
 
 
@@ -60,4 +71,4 @@ def get_model(name, batch=1, **kw):
     return MODELS[name](batch=batch, **kw)
 
 
-__all__ = ["MODELS", "REDUCED", "get_model", *MODELS]
+__all__ = ["MODELS", "REDUCED", "get_model", "save_model", *MODELS]

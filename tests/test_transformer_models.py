@@ -1,0 +1,424 @@
+"""The transformer zoo models of issue 34 (gpt2_decode, llama_decode, bert_base).
+
+Reduced configurations run on onnxruntime against NumPy references written from the models'
+definitions (HF's GPT-2, Llama and BERT), not from the ONNX graphs: the reference reads only the
+cache slots <= position and writes the new key/value into a copy, so the graph's static-cache
+semantics are pinned (slot p written, slots > p never read, slots < p read), with negative controls.
+The `model` command writes files the checker accepts; a model forced to external data is read back
+by `frontend.load_onnx` and `tvm-rammer inspect` from another directory; the reduced models lower
+for a CUDA target without a GPU and (slow) run on the CPU emulator matching onnxruntime.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tvm_rammer.models import REDUCED, get_model, save_model
+from tvm_rammer.models.transformers import rope_tables
+
+ort = pytest.importorskip("onnxruntime")
+
+GPT2 = REDUCED["gpt2_decode"]
+LLAMA = REDUCED["llama_decode"]
+BERT = REDUCED["bert_base"]
+NAMES = ("gpt2_decode", "llama_decode", "bert_base")
+
+
+def _dims(value):
+    return [d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def _ort(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+def _weights(model, prefix):
+    """The initializers named ``<prefix>_<n>`` in the builder's order (n ascending)."""
+    found = [(int(t.name.rsplit("_", 1)[1]), numpy_helper.to_array(t).astype(np.float64))
+             for t in model.graph.initializer if t.name.rsplit("_", 1)[0] == prefix]
+    return [w for _, w in sorted(found, key=lambda p: p[0])]
+
+
+def _decode_feeds(model, token, position, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {"input_ids": np.array([[token]], np.int64), "position": np.array([position], np.int64)}
+    for value in model.graph.input[2:]:
+        feeds[value.name] = rng.standard_normal(_dims(value)).astype(np.float32)
+    return feeds
+
+
+def _layer_norm(x, g, b, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * g + b
+
+
+def _softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _cached_attention(q, past_k, past_v, k, v, p, scale):
+    """q [n_q, hd]; past_* [n_kv, L, hd]; k, v [n_kv, hd]. Writes slot p of copies, attends over
+    slots 0..p only (query heads grouped onto the kv heads). Returns (out [n_q * hd], K, V)."""
+    keys, values = past_k.copy(), past_v.copy()
+    keys[:, p], values[:, p] = k, v
+    group = q.shape[0] // keys.shape[0]
+    out = []
+    for h in range(q.shape[0]):
+        kv = h // group
+        probs = _softmax(keys[kv, :p + 1] @ q[h] * scale)
+        out.append(probs @ values[kv, :p + 1])
+    return np.concatenate(out), keys, values
+
+
+def gpt2_reference(model, feeds, layers, d_model, heads, **_):
+    """GPT-2 decode step in NumPy (float64): logits [vocab] and the per-layer caches."""
+    hd, p = d_model // heads, int(feeds["position"][0])
+    wte, wpe = _weights(model, "wte")[0], _weights(model, "wpe")[0]
+    ln_g, ln_b, w, b = (_weights(model, k) for k in ("ln_g", "ln_b", "w", "b"))
+    x = wte[feeds["input_ids"][0, 0]] + wpe[p]
+    caches = []
+    for i in range(layers):
+        h = _layer_norm(x, ln_g[2 * i], ln_b[2 * i], 1e-5)
+        q, k, v = np.split(h @ w[4 * i] + b[4 * i], 3)
+        att, keys, values = _cached_attention(
+            q.reshape(heads, hd), feeds[f"past_key_{i}"][0], feeds[f"past_value_{i}"][0],
+            k.reshape(heads, hd), v.reshape(heads, hd), p, hd ** -0.5)
+        x = x + att @ w[4 * i + 1] + b[4 * i + 1]
+        h = _layer_norm(x, ln_g[2 * i + 1], ln_b[2 * i + 1], 1e-5) @ w[4 * i + 2] + b[4 * i + 2]
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        x = x + h @ w[4 * i + 3] + b[4 * i + 3]
+        caches += [keys, values]
+    return _layer_norm(x, ln_g[-1], ln_b[-1], 1e-5) @ wte.T, caches
+
+
+def llama_reference(model, feeds, layers, d_model, heads, kv_heads, **_):
+    """Llama decode step in NumPy (float64): logits [vocab] and the per-layer caches."""
+    hd, p = d_model // heads, int(feeds["position"][0])
+    embed, gains, w = _weights(model, "embed")[0], _weights(model, "rms_g"), _weights(model, "w")
+    cos_t, sin_t = rope_tables(_dims(model.graph.input[2])[2], hd, 500000.0)
+    cos, sin = cos_t[p], sin_t[p]
+
+    def rms(x, g):
+        return g * x / np.sqrt((x * x).mean() + 1e-5)
+
+    def rope(t):  # t [n, hd]
+        rotated = np.concatenate([-t[:, hd // 2:], t[:, :hd // 2]], axis=1)
+        return t * cos + rotated * sin
+
+    x = embed[feeds["input_ids"][0, 0]]
+    caches = []
+    for i in range(layers):
+        wq, wk, wv, wo, wg, wu, wd = w[7 * i:7 * i + 7]
+        h = rms(x, gains[2 * i])
+        att, keys, values = _cached_attention(
+            rope((h @ wq).reshape(heads, hd)), feeds[f"past_key_{i}"][0],
+            feeds[f"past_value_{i}"][0], rope((h @ wk).reshape(kv_heads, hd)),
+            (h @ wv).reshape(kv_heads, hd), p, hd ** -0.5)
+        x = x + att @ wo
+        h = rms(x, gains[2 * i + 1])
+        gate = h @ wg
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ wu)) @ wd
+        caches += [keys, values]
+    return rms(x, gains[-1]) @ embed.T, caches
+
+
+def bert_reference(model, feeds, layers, d_model, heads, **_):
+    """BERT encoder in NumPy (float64) for one sequence: [S, d] with masked keys ignored."""
+    from scipy.special import erf
+
+    hd = d_model // heads
+    ids, keep = feeds["input_ids"][0], feeds["attention_mask"][0].astype(bool)
+    s = ids.shape[0]
+    word, pos, types = (_weights(model, k)[0] for k in ("word", "position", "token_type"))
+    ln_g, ln_b, w, b = (_weights(model, k) for k in ("ln_g", "ln_b", "w", "b"))
+    x = _layer_norm(word[ids] + pos[:s] + types[0], ln_g[0], ln_b[0], 1e-12)
+    for i in range(layers):
+        q, k, v = ((x @ w[6 * i + j] + b[6 * i + j]).reshape(s, heads, hd) for j in range(3))
+        out = np.zeros((s, heads, hd))
+        for h in range(heads):
+            probs = _softmax(q[:, h] @ k[keep, h].T / np.sqrt(hd))
+            out[:, h] = probs @ v[keep, h]
+        x = _layer_norm(out.reshape(s, d_model) @ w[6 * i + 3] + b[6 * i + 3] + x,
+                        ln_g[2 * i + 1], ln_b[2 * i + 1], 1e-12)
+        h = x @ w[6 * i + 4] + b[6 * i + 4]
+        h = h * 0.5 * (1 + erf(h / np.sqrt(2)))
+        x = _layer_norm(h @ w[6 * i + 5] + b[6 * i + 5] + x, ln_g[2 * i + 2], ln_b[2 * i + 2],
+                        1e-12)
+    return x
+
+
+def _bert_feeds(s, valid, seed=1):
+    rng = np.random.default_rng(seed)
+    return {"input_ids": rng.integers(0, BERT["vocab"], (1, s)).astype(np.int64),
+            "attention_mask": (np.arange(s) < valid)[None].astype(np.int64)}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return get_model("gpt2_decode", **GPT2)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return get_model("llama_decode", **LLAMA)
+
+
+# Structure: valid ONNX at opset 17, the operators exporters write.
+
+@pytest.mark.parametrize("name,ops,absent", [
+    ("gpt2_decode", {"LayerNormalization", "Split", "ScatterND", "Tanh", "Pow", "Range", "Where",
+                     "Softmax", "Gather", "Transpose"}, {"Sqrt", "Expand"}),
+    ("llama_decode", {"ReduceMean", "Pow", "Sqrt", "Div", "Sigmoid", "Neg", "Slice", "Expand",
+                      "ScatterND", "Gather", "Softmax"}, {"LayerNormalization", "Split"}),
+    ("bert_base", {"LayerNormalization", "Erf", "Cast", "Softmax", "Gather"}, {"ScatterND"})])
+def test_reduced_model_is_valid_and_written_as_exporters_write_it(name, ops, absent):
+    model = get_model(name, **REDUCED[name])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    used = {n.op_type for n in model.graph.node}
+    assert ops <= used and not absent & used
+    assert all(t.data_type == onnx.TensorProto.FLOAT for t in model.graph.initializer
+               if t.data_type != onnx.TensorProto.INT64)
+
+
+def test_decoder_inputs_and_outputs(gpt2, llama):
+    hd = GPT2["d_model"] // GPT2["heads"]
+    assert [(i.name, _dims(i)) for i in gpt2.graph.input[:4]] == [
+        ("input_ids", [1, 1]), ("position", [1]),
+        ("past_key_0", [1, GPT2["heads"], GPT2["max_len"], hd]),
+        ("past_value_0", [1, GPT2["heads"], GPT2["max_len"], hd])]
+    assert [o.name for o in gpt2.graph.output] == [
+        "logits", "present_key_0", "present_value_0", "present_key_1", "present_value_1"]
+    assert _dims(gpt2.graph.output[0]) == [1, 1, GPT2["vocab"]]
+    assert _dims(llama.graph.input[2]) == [1, LLAMA["kv_heads"], LLAMA["max_len"], hd]
+    # Tied heads: one embedding initializer, read by the Gather and the head's Transpose.
+    assert [t.name for t in gpt2.graph.initializer].count("wte_1") == 1
+    assert sum("wte_1" in n.input for n in gpt2.graph.node) == 2
+
+
+def test_full_size_gpt2_small_has_124m_parameters():
+    model = get_model("gpt2_decode")
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer
+                 if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) >= 1
+                 and t.name.split("_")[0] in ("wte", "wpe", "w", "b", "ln"))
+    assert params == 124_439_808  # HF's gpt2 (tied head counted once)
+    assert len(model.graph.input) == 2 + 2 * 12
+    assert _dims(model.graph.input[2]) == [1, 12, 1024, 64]
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("gpt2_decode", dict(d_model=30, heads=4), r"d_model=30 is not a multiple of heads=4"),
+    ("llama_decode", dict(heads=4, kv_heads=3, d_model=64), r"heads=4 is not a multiple of kv_"),
+    ("bert_base", dict(layers=0), r"layers, d_model and heads must be positive"),
+    ("gpt2_decode", dict(max_len=0), r"max_len=0 must be positive")])
+def test_bad_sizes_are_one_clear_error(name, kw, match):
+    with pytest.raises(ValueError, match=match):
+        get_model(name, **kw)
+
+
+# Semantics against NumPy references.
+
+@pytest.mark.parametrize("position", [0, 5, GPT2["max_len"] - 1])
+def test_gpt2_decode_matches_numpy(gpt2, position):
+    feeds = _decode_feeds(gpt2, token=7, position=position)
+    got = _ort(gpt2, feeds)
+    logits, caches = gpt2_reference(gpt2, feeds, **GPT2)
+    np.testing.assert_allclose(got["logits"][0, 0], logits, rtol=1e-4, atol=1e-4)
+    assert 0.1 < np.std(logits) < 10
+    for i in range(GPT2["layers"]):
+        for j, kind in enumerate(("key", "value")):
+            np.testing.assert_allclose(got[f"present_{kind}_{i}"][0], caches[2 * i + j],
+                                       rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", [0, 9])
+def test_llama_decode_matches_numpy(llama, position):
+    feeds = _decode_feeds(llama, token=42, position=position)
+    got = _ort(llama, feeds)
+    logits, caches = llama_reference(llama, feeds, **LLAMA)
+    np.testing.assert_allclose(got["logits"][0, 0], logits, rtol=1e-4, atol=1e-4)
+    assert 0.1 < np.std(logits) < 10
+    for i in range(LLAMA["layers"]):
+        np.testing.assert_allclose(got[f"present_key_{i}"][0], caches[2 * i], rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(got[f"present_value_{i}"][0], caches[2 * i + 1], rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_reference_fails_on_another_position(gpt2):
+    """Negative control of the references: the step at position 5 is not the one at 6."""
+    feeds = _decode_feeds(gpt2, token=7, position=5)
+    logits, _ = gpt2_reference(gpt2, {**feeds, "position": np.array([6])}, **GPT2)
+    assert not np.allclose(_ort(gpt2, feeds)["logits"][0, 0], logits, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["gpt2_decode", "llama_decode"])
+def test_cache_slots_after_position_are_ignored_and_slot_p_is_overwritten(name, gpt2, llama):
+    model, p = (gpt2 if name == "gpt2_decode" else llama), 5
+    feeds = _decode_feeds(model, token=3, position=p)
+    base = _ort(model, feeds)
+    for slot, layer, kind in ((p + 1, 0, "key"), (p + 3, 1, "value"), (p, 0, "key"),
+                              (p, 1, "value")):
+        changed = {k: v.copy() for k, v in feeds.items()}
+        changed[f"past_{kind}_{layer}"][0, :, slot] += 3.0
+        out = _ort(model, changed)
+        np.testing.assert_array_equal(out["logits"], base["logits"])  # slot > p: never read;
+        present = out[f"present_{kind}_{layer}"]                   # slot p: overwritten
+        np.testing.assert_array_equal(present[0, :, p], base[f"present_{kind}_{layer}"][0, :, p])
+        np.testing.assert_array_equal(np.delete(present, p, axis=2),
+                                      np.delete(changed[f"past_{kind}_{layer}"], p, axis=2))
+    for layer, kind in ((0, "key"), (1, "value")):  # control: slots < p are read
+        changed = {k: v.copy() for k, v in feeds.items()}
+        changed[f"past_{kind}_{layer}"][0, :, p - 2] += 3.0
+        assert np.abs(_ort(model, changed)["logits"] - base["logits"]).max() > 1e-3
+
+
+def test_batched_decode_step_is_each_sequence_alone():
+    model = get_model("gpt2_decode", batch=2, **GPT2)
+    one = get_model("gpt2_decode", **GPT2)
+    feeds = _decode_feeds(model, token=0, position=4)
+    feeds["input_ids"] = np.array([[3], [11]], np.int64)
+    got = _ort(model, feeds)
+    for b in range(2):
+        alone = {k: (v[b:b + 1] if k.startswith("past") or k == "input_ids" else v)
+                 for k, v in feeds.items()}
+        ref = _ort(one, alone)
+        for name, value in ref.items():
+            np.testing.assert_allclose(got[name][b:b + 1], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("valid", [BERT["seq_len"], 11])
+def test_bert_matches_numpy_and_masked_tokens_are_ignored(valid):
+    pytest.importorskip("scipy")
+    model = get_model("bert_base", **BERT)
+    feeds = _bert_feeds(BERT["seq_len"], valid)
+    got = _ort(model, feeds)["last_hidden_state"][0]
+    np.testing.assert_allclose(got, bert_reference(model, feeds, **BERT), rtol=1e-4, atol=1e-4)
+    changed = {**feeds, "input_ids": feeds["input_ids"].copy()}
+    changed["input_ids"][0, -1] = (changed["input_ids"][0, -1] + 1) % BERT["vocab"]
+    other = _ort(model, changed)["last_hidden_state"][0]
+    if valid < BERT["seq_len"]:  # the last token is masked: no other row sees it
+        np.testing.assert_allclose(other[:-1], got[:-1], rtol=1e-6, atol=1e-6)
+    else:  # control: unmasked, every row attends to it
+        assert np.abs(other[0] - got[0]).max() > 1e-4
+
+
+def test_runner_random_inputs_are_valid_indices(gpt2):
+    """`tvm-rammer run/check` feed runner.random_inputs: integer inputs are 0 (a normal draw cast
+    to int64 would give -1: an out-of-bounds Gather on the GPU)."""
+    from tvm_rammer.runner import random_inputs
+
+    feeds = random_inputs(gpt2, seed=3)
+    assert feeds["input_ids"].dtype == np.int64 and not feeds["input_ids"].any()
+    assert feeds["position"].tolist() == [0] and feeds["past_key_0"].dtype == np.float32
+    logits = _ort(gpt2, feeds)["logits"]
+    np.testing.assert_allclose(logits[0, 0], gpt2_reference(gpt2, feeds, **GPT2)[0], rtol=1e-4,
+                               atol=1e-4)
+
+
+# Files: the model command, external data.
+
+def test_model_command_writes_a_checked_file(tmp_path, capsys):
+    from tvm_rammer.cli import main
+
+    out = tmp_path / "gpt2.onnx"
+    args = ["model", "gpt2_decode", "-o", str(out)] + [
+        f"--param={k}={v}" for k, v in GPT2.items()]
+    assert main(args) == 0
+    assert "wrote" in capsys.readouterr().out
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.SerializeToString() == get_model("gpt2_decode", **GPT2).SerializeToString()
+    assert not (tmp_path / "gpt2.onnx.data").exists()  # small: one file
+    assert main(["model", "llama_decode", "-o", str(tmp_path / "l.onnx"), "--param",
+                 "kv_heads=2", "--param", "layers=1", "--param", "d_model=32", "--param",
+                 "heads=4", "--param", "d_ff=64", "--param", "vocab=50", "--param",
+                 "max_len=8"]) == 0
+    onnx.checker.check_model(str(tmp_path / "l.onnx"))
+
+
+def test_external_data_is_written_and_read_back_relative_to_the_file(tmp_path, monkeypatch,
+                                                                      gpt2):
+    from tvm_rammer.frontend import load_onnx
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    model = onnx.ModelProto()
+    model.CopyFrom(gpt2)
+    data = save_model(model, str(folder / "g.onnx"), external_data=True)
+    assert data == str(folder / "g.onnx.data") and os.path.getsize(data) > 100_000
+    assert os.path.getsize(folder / "g.onnx") < 50_000  # the graph only
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_onnx(os.path.join("..", "models", "g.onnx"))
+    onnx.checker.check_model(loaded)
+    feeds = _decode_feeds(gpt2, token=7, position=3)
+    for name, value in _ort(gpt2, feeds).items():
+        np.testing.assert_array_equal(_ort(loaded, feeds)[name], value)
+    # Moved together, the pair still loads; the data alone missing is one clear error.
+    shutil.move(str(folder), str(tmp_path / "moved"))
+    assert len(load_onnx(str(tmp_path / "moved" / "g.onnx")).graph.initializer) == len(
+        gpt2.graph.initializer)
+    os.remove(tmp_path / "moved" / "g.onnx.data")
+    with pytest.raises(ValueError, match=r"is not a readable ONNX model"):
+        load_onnx(str(tmp_path / "moved" / "g.onnx"))
+
+
+def test_save_model_chooses_external_data_past_the_limit(tmp_path, monkeypatch, gpt2):
+    from tvm_rammer.models import _save
+
+    assert save_model(gpt2, str(tmp_path / "a.onnx")) is None
+    monkeypatch.setattr(_save, "EXTERNAL_ABOVE", 1000)  # as if past 2 GiB
+    model = onnx.ModelProto()
+    model.CopyFrom(gpt2)
+    assert save_model(model, str(tmp_path / "b.onnx")) == str(tmp_path / "b.onnx.data")
+    assert _save.weight_bytes(gpt2) > 1000
+
+
+# Compilation for a CUDA target without a GPU, and the emulator.
+
+def test_inspect_lowers_an_external_data_model_for_cuda(tmp_path, capsys, gpt2):
+    """``tvm-rammer inspect --json`` (profile off) reads the file with its external data and lowers
+    it with the rammer pipeline: fewer launches than TVM's default."""
+    from tvm_rammer.cli import main
+
+    model = onnx.ModelProto()
+    model.CopyFrom(gpt2)
+    save_model(model, str(tmp_path / "g.onnx"), external_data=True)
+    assert main(["inspect", str(tmp_path / "g.onnx"), "--no-profile", "--json", "--brief"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rprograms"] >= 1
+    assert summary["launches"] < summary["default_launches"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_reduced_model_on_the_emulator_matches_onnxruntime(name):
+    """The rammer pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator against onnxruntime, with
+    valid token ids and positions (fp32: relative error <= 1e-4)."""
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tvm_rammer import RammerConfig, emulator
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.runner import onnx_reference
+
+    model = get_model(name, **REDUCED[name])
+    if name == "bert_base":
+        feeds = _bert_feeds(BERT["seq_len"], 11)
+    else:
+        feeds = _decode_feeds(model, token=5, position=6)
+    result = emulator.emulate(model, feeds, config=RammerConfig(num_sms=2, veus_per_sm=2))
+    ref = onnx_reference(model, feeds)
+    errors = [relative_error(o, r) for o, r in zip(result.outputs, ref)]
+    assert len(result.outputs) == len(ref) and max(errors) <= 1e-4, errors
