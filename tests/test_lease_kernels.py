@@ -239,3 +239,20 @@ def test_state_table_counts_measured_kernels_and_leases_left(tmp_path):
     assert kernel_results.kernels_per_lease(0.2, 120.0) == 600
     assert kernel_results.kernels_per_lease(0.2, 120.0, size_mib=10, mib_per_kernel=0.1) == 100
     assert kernel_results.leases_needed(601, 0, 600) == 2
+
+
+def test_the_lease_hook_names_the_timing_module_and_its_manifest(tmp_path, monkeypatch):
+    asked = {}
+
+    def fake_prepare(models, out_dir, budget_mib, db, target, max_kernels=None):
+        asked.update(models=list(models), budget=budget_mib, max_kernels=max_kernels)
+        return kernels.write_manifest(out_dir, target, "sm_90a", "cuda", [{"bytes": 2**20}],
+                                      [{"key": str(i)} for i in range(100)])
+
+    monkeypatch.setattr(kernels, "prepare_kernels", fake_prepare)
+    lease = tmp_path / ".lease"
+    entry = kernels.prepare(str(lease / "kernels"), budget_mib=30, time_s=60, seconds_per_kernel=0.2)
+    assert asked == {"models": list(kernels.LEASE_MODELS), "budget": 30, "max_kernels": 300}
+    assert entry["module"] == "tvm_rammer.runtime.kernel_timing" and entry["kernels"] == 100
+    assert entry["args"][0] == os.path.join(".lease", "kernels", "kernels.json")  # from the lease's parent
+    assert entry["estimate_s"] == 100 * 0.2 + 10 and entry["mib"] == 1.0
