@@ -1,0 +1,309 @@
+"""scripts/gpu_lease.sh (issue 31): prepare -> plan -> run -> report on this CPU machine.
+
+The end-to-end test builds llvm libraries of the lease's form (``prepare --cpu-check``: a reduced
+model and the demo), plans them, runs every step as the GPU host would (children under time
+limits, TVM_USE_RUNTIME_LIB=1, results packed into OUT_DIR) and reports them. The driver's own
+rules (a step past its limit stopped and recorded, the lease's time spent, a cut tar) and the
+report's timeline decoding are tested on synthetic leases.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvm_rammer.lease import plan as lease_plan
+from tvm_rammer.lease import prepare as lease_prepare
+from tvm_rammer.lease import report as lease_report
+from tvm_rammer.runtime import lease_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_lease.sh"
+
+
+def _sh(*args, env=None, check=True):
+    done = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), timeout=600, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"gpu_lease.sh {' '.join(args)}: exit {done.returncode}\n"
+                             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+@pytest.fixture(scope="module")
+def cpu_lease(tmp_path_factory):
+    """``prepare --cpu-check`` of the reduced two_branch model and the demo, then ``run``."""
+    base = tmp_path_factory.mktemp("lease")
+    lease = base / ".lease"
+    first = _sh("prepare", "--out", str(lease), "--cpu-check", "--models", "two_branch",
+                "--reduced", "all", "--no-bundle")
+    again = _sh("prepare", "--out", str(lease), "--cpu-check", "--models", "two_branch",
+                "--reduced", "all", "--no-bundle")
+    out = base / "out"
+    ran = _sh("run", str(out), env={"LEASE_DIR": str(lease)})
+    return {"lease": lease, "out": out, "first": first.stdout, "again": again.stdout,
+            "run": ran.stdout}
+
+
+def _results(out: Path) -> dict:
+    return {r["step"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+
+
+def test_prepare_builds_lease_libraries_and_reuses_them(cpu_lease):
+    index = json.loads((cpu_lease["lease"] / "index.json").read_text())
+    assert set(index["artifacts"]) == {"demo.default", "two_branch.default"}
+    for name, rec in index["artifacts"].items():
+        assert "error" not in rec, rec
+        manifest = json.loads((cpu_lease["lease"] / "libs" / f"{name}.json").read_text())
+        assert manifest["format"] == "tvm-rammer-lib/1" and manifest["device_type"] == "cpu"
+        assert manifest["model"]["zoo"] in ("branches", "two_branch")
+    assert cpu_lease["first"].splitlines()[-1].startswith("travel: ")
+    assert "2 unchanged, 0 to build" in cpu_lease["again"]  # keyed by content: nothing rebuilt
+    assert cpu_lease["again"].splitlines()[-1].startswith("travel: ")
+
+
+def test_plan_lists_the_steps_and_ends_with_the_total(cpu_lease):
+    done = _sh("plan", env={"LEASE_DIR": str(cpu_lease["lease"])})
+    lines = done.stdout.splitlines()
+    names = [ln.split()[0] for ln in lines[1:-2]]
+    assert names == ["install", "device", "demo", "zoo-two_branch"]
+    assert lines[-1].startswith("total: ") and lines[-1].endswith(" s")
+    total = int(lines[-1].split()[1])
+    rows, exact = lease_plan.plan(cpu_lease["lease"])
+    assert total == round(exact) and 0 < total <= 540
+
+
+def test_run_loads_runs_checks_and_times_every_library_on_the_cpu(cpu_lease):
+    out = cpu_lease["out"]
+    assert len([p for p in out.iterdir()]) <= 8
+    res = _results(out)
+    assert list(res) == ["install", "device", "demo", "zoo-two_branch"]
+    assert res["device"]["records"][0]["gpu"] is False
+    assert res["device"]["records"][0]["tvm_runtime_only"] is True
+    for step in ("demo", "zoo-two_branch"):
+        assert res[step]["status"] == "ok", res[step]
+        libs = [r for r in res[step]["records"] if r["kind"] == "library"]
+        assert libs and all(r["ok"] and r["max_rel_err"] < 1e-5 and r["latency_us"] > 0
+                            for r in libs)
+    torch = [r for r in res["zoo-two_branch"]["records"] if r["kind"] == "torch"]
+    assert torch and "would_time" in torch[0]  # listed, not timed, without a GPU (or torch)
+    with tarfile.open(out / "raw.tar") as t:
+        assert {"device/step.log", "demo/step.log", "zoo-two_branch/step.log"} <= set(t.getnames())
+
+
+def test_report_of_the_cpu_run(cpu_lease, tmp_path):
+    lease_report.write_report(cpu_lease["out"], tmp_path / "rep")
+    text = (tmp_path / "rep" / "README.md").read_text()
+    assert "| two_branch |" in text and "| demo (16 branches) |" in text
+    data = json.loads((tmp_path / "rep" / "results.json").read_text())
+    assert data["commit"] == json.loads((cpu_lease["lease"] / "index.json").read_text())["commit"]
+    assert all(ok for r in data["models"] for ok in r["ok"].values()) and data["models"]
+
+
+# --- the driver's rules, on synthetic leases ----------------------------------------------------
+
+def _fake_lease(tmp_path, kernels=None) -> Path:
+    lease = tmp_path / ".lease"
+    lease.mkdir()
+    index = {"format": lease_prepare.FORMAT, "target": "rammer/nvidia-h200", "commit": "abc1234",
+             "spec": {"models": []}, "artifacts": {}, "kernels": kernels}
+    (lease / "index.json").write_text(json.dumps(index))
+    return lease
+
+
+def test_a_step_past_its_limit_is_stopped_and_recorded(tmp_path):
+    # the kernels hook runs `python3 -m MODULE` from the lease's parent: a module that hangs
+    (tmp_path / "hang_step.py").write_text("import time\ntime.sleep(120)\n")
+    lease = _fake_lease(tmp_path, {"module": "hang_step", "args": [], "estimate_s": 30.0})
+    out = tmp_path / "out"
+    (out / "results.jsonl").parent.mkdir()
+    (out / "results.jsonl").write_text(json.dumps({"step": "device", "status": "ok"}) + "\n")
+    code = lease_steps.run(lease, out, budget_s=12.0, only=["kernels"])  # limit: 12 - 5 s
+    res = _results(out)
+    assert code == 1
+    assert res["kernels"]["status"] == "timeout" and res["kernels"]["seconds"] < 15
+    assert res["device"]["status"] == "ok"  # what an earlier step wrote stays
+
+
+def test_steps_past_the_lease_budget_are_not_run(tmp_path):
+    lease = _fake_lease(tmp_path)
+    out = tmp_path / "out"
+    lease_steps.run(lease, out, budget_s=4.0)
+    assert _results(out)["device"]["status"] == "not run"
+
+
+def test_a_failed_library_is_recorded_and_the_next_one_runs(cpu_lease, tmp_path):
+    lease = tmp_path / ".lease"
+    (lease / "libs").mkdir(parents=True)
+    for f in (cpu_lease["lease"] / "libs").iterdir():
+        (lease / "libs" / f.name).write_bytes(f.read_bytes())
+    index = json.loads((cpu_lease["lease"] / "index.json").read_text())
+    index["artifacts"]["demo.broken"] = dict(index["artifacts"]["demo.default"], variant="rammer")
+    (lease / "index.json").write_text(json.dumps(index))
+    (lease / "libs" / "demo.broken.json").write_text(
+        (lease / "libs" / "demo.default.json").read_text().replace('"demo.default.so"',
+                                                                 '"missing.so"'))
+    out = tmp_path / "out"
+    lease_steps.run(lease, out, only=["demo"])
+    rec = _results(out)["demo"]
+    assert rec["status"] == "failed"
+    by_lib = {r["library"]: r for r in rec["records"] if r["kind"] == "library"}
+    assert "missing" in by_lib["demo.broken"]["error"]
+    assert by_lib["demo.default"]["ok"] is True
+
+
+def test_a_cut_tar_keeps_its_complete_members(tmp_path):
+    raw = tmp_path / "raw.tar"
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.txt").write_text(name * 1000)
+        lease_steps._pack(raw, tmp_path / name, name)
+    data = raw.read_bytes()
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "raw.tar").write_bytes(data[: len(data) - 3000])
+    members = lease_report.raw_members(tmp_path / "cut")
+    assert members.get("a/x.txt") == b"a" * 1000
+
+
+# --- the report, on a synthetic lease with a measured timeline ----------------------------------
+
+def _schedule():
+    """Paper Figure 9 (tests/test_timeline.py's): three operators on two vEUs."""
+    from tvm_rammer import timeline
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.policy import OpGraph, RProgramPlan
+    from tvm_rammer.rprogram import RProgram
+    from tvm_rammer.rtask import RKernel, ROperator, RTask
+
+    def op(uid, rtasks, time_us, name):
+        return ROperator(uid, name, [RKernel(f"{name}:v1#abcd", rtasks, 128, 32, 0, time_us,
+                                             "test")])
+
+    p = RProgram(2)
+    mm, relu = [RTask(0, i) for i in range(2)], [RTask(1, i) for i in range(4)]
+    for t in mm:
+        p.append(t, 0)
+    for t in relu:
+        p.append(t, 1)
+    for veu in (0, 1):
+        p.wait(RTask(2, veu), mm + relu)
+        p.append(RTask(2, veu), veu)
+    graph = OpGraph({0: op(0, 2, 1.0, "matmul"), 1: op(1, 4, 0.5, "relu"),
+                     2: op(2, 2, 2.0, "conv")}, {2: [0, 1]}, [[0, 1], [2]])
+    plan = RProgramPlan(p, [0, 1, 2], {0: 0, 1: 0, 2: 0}, {}, veus_per_sm=1, num_veus=2,
+                        predicted_us=0.0)
+    return timeline.schedule_of(0, "rammer_rprogram0", plan, graph, 2, num_sms=2,
+                                config=RammerConfig())
+
+
+def _measured_buffer(schedule, slow=2.0):
+    """The buffer an instrumented run would write if every instruction took ``slow`` x its
+    predicted time."""
+    from tvm_rammer import timeline
+    (t,) = timeline.predict_all([schedule])
+    by_pos = {(s.veu, s.order): s for s in t.slices}
+    words = []
+    for veu, queue in enumerate(schedule["prog"]):
+        for order in range(len(queue)):
+            s = by_pos[(veu, order)]
+            words += [10_000_000 + int(s.start_us * slow * 1000) + 1,
+                      10_000_000 + int(s.end_us * slow * 1000) + 1, 3 * veu]
+    return np.array(words, dtype=np.int64)
+
+
+def test_report_decodes_a_timeline_and_tables_a_synthetic_lease(tmp_path):
+    schedule = _schedule()
+    lease = tmp_path / "lease-out"
+    lease.mkdir()
+    steps = [
+        {"step": "install", "status": "ok", "seconds": 12},
+        {"step": "device", "status": "ok", "seconds": 2.0, "records": [
+            {"kind": "device", "date": "2026-12-01 10:00 UTC", "device": "NVIDIA H200", "sms": 132,
+             "nvidia_smi": "NVIDIA H200, 580.159.04", "python": "3.12.3", "torch": "2.11.0",
+             "onnxruntime": "1.30.0", "tvm_runtime_only": True, "gpu": True}]},
+        {"step": "zoo-alexnet", "status": "ok", "seconds": 20.0, "records": [
+            {"kind": "reference", "model": {"zoo": "alexnet", "params": {}, "batch": 1}},
+            {"kind": "library", "variant": "rammer", "latency_us": 1000.0, "max_rel_err": 1e-6,
+             "ok": True},
+            {"kind": "library", "variant": "rammer_nocheck", "latency_us": 1500.0,
+             "max_rel_err": 1e-6, "ok": True},
+            {"kind": "library", "variant": "default", "latency_us": 1300.0, "max_rel_err": 2e-6,
+             "ok": True},
+            {"kind": "torch", "eager_us": 2000.0, "graph_us": 1250.0, "rel_err": 1e-6}]},
+        {"step": "zoo-resnext29", "status": "timeout", "seconds": 60.0, "records": [
+            {"kind": "library", "variant": "rammer", "max_rel_err": 0.5, "ok": False,
+             "latency_us": 10.0}]},
+        {"step": "timeline-alexnet", "status": "ok", "seconds": 5.0,
+         "records": [{"kind": "timeline", "buffers": 1}]},
+    ]
+    (lease / "results.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps)
+                                         + '{"step": "cut')  # the lease ended mid-line
+    (lease / "index.json").write_text(json.dumps({"commit": "abc1234",
+                                                  "target": "rammer/nvidia-h200"}))
+    buf = io.BytesIO()
+    np.savez(buf, rammer_rprogram0=_measured_buffer(schedule))
+    with tarfile.open(lease / "raw.tar", "w") as t:
+        for name, data in (("timeline-alexnet/buffers.npz", buf.getvalue()),
+                           ("timeline-alexnet/schedules.json",
+                            json.dumps({"kernels": ["rammer_rprogram0"],
+                                        "schedules": [schedule]}).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    res_dir = tmp_path / "results"
+    assert lease_report.write_report(lease, res_dir) == res_dir
+    data = json.loads((res_dir / "results.json").read_text())
+    assert data["date"] == "2026-12-01" and data["commit"] == "abc1234"
+    alex = next(r for r in data["models"] if r["model"] == "alexnet")
+    assert alex["speedup_vs_default"] == pytest.approx(1.3)
+    assert alex["speedup_vs_torch_best"] == pytest.approx(1.25)
+    (tl,) = data["timelines"]
+    ops = {o["operator"]: o for o in tl["operators"]}
+    assert set(ops) == {"matmul", "relu", "conv"}
+    for o in ops.values():  # every rTask measured at twice its prediction
+        assert o["measured_us"] == pytest.approx(2 * o["predicted_us"], rel=0.01)
+    text = (res_dir / "README.md").read_text()
+    assert "| alexnet | 1,000.0 | 1,500.0 | 1,300.0 | 2,000.0 | 1,250.0 | 1.30x | 1.25x |" in text
+    assert "| resnext29 |" in text and "**NO**" in text  # a wrong output is shown, not hidden
+    assert "| zoo-resnext29 | timeout |" in text
+    assert (res_dir / "lease" / "raw.tar").exists()
+
+
+def test_report_default_folder_is_named_by_date_and_commit(tmp_path, monkeypatch):
+    lease = tmp_path / "o"
+    lease.mkdir()
+    (lease / "results.jsonl").write_text(json.dumps(
+        {"step": "device", "status": "ok", "records": [{"date": "2026-12-02 01:00 UTC"}]}) + "\n")
+    (lease / "index.json").write_text(json.dumps({"commit": "def5678"}))
+    monkeypatch.setattr(lease_report, "ROOT", tmp_path)
+    out = lease_report.write_report(lease)
+    assert out == tmp_path / "benchmarks" / "results" / "gpu-2026-12-02-def5678"
+
+
+def test_source_hash_ignores_the_lease_and_runtime_code_but_not_the_compiler(tmp_path):
+    for rel in ("tvm_rammer/a.py", "tvm_rammer/lease/prepare.py", "tvm_rammer/lease/manifest.py",
+                "tvm_rammer/runtime/x.py", "relay_passes/p.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("1")
+    h0 = lease_prepare.source_hash(tmp_path)
+    (tmp_path / "tvm_rammer/lease/prepare.py").write_text("2")
+    (tmp_path / "tvm_rammer/runtime/x.py").write_text("2")
+    assert lease_prepare.source_hash(tmp_path) == h0
+    for rel in ("tvm_rammer/a.py", "tvm_rammer/lease/manifest.py", "relay_passes/p.py"):
+        (tmp_path / rel).write_text("3")
+        h1 = lease_prepare.source_hash(tmp_path)
+        assert h1 != h0
+        h0 = h1
+
+
+def test_lease_steps_imports_under_the_runtime_alone():
+    code = ("import sys, tvm_rammer.runtime.lease_steps as s; "
+            "print(any(m.startswith(('tvm.relax', 'tvm.s_tir')) for m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, TVM_USE_RUNTIME_LIB="1"), check=True)
+    assert done.stdout.strip() == "False"
