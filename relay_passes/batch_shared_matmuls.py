@@ -20,6 +20,10 @@ instead of a concat of T slices: the same values, one small kernel instead of a 
 (the batch never serialises parallel work); it adds two levels (concat, matmul) in front of the
 slices. The block is re-emitted in a topological order that keeps the original order where it can.
 Declines everything else; a main that is not one dataflow block is left alone.
+
+With weights kept apart (``relay_passes.lift_weights``), a weight parameter of ``main`` (past its
+``num_input``) or a row block SplitMatMulOverConcat cut from one (``strided_slice`` of it) counts as
+a constant W, as its embedded counterpart would.
 """
 import heapq
 import math
@@ -27,6 +31,7 @@ import math
 import tvm
 from tvm import relax
 
+from .lift_weights import weight_params
 from .split_matmul_concat import _is_op, _static_shape
 from .unused_bindings import remove_unused_bindings
 
@@ -64,9 +69,21 @@ def _levels(block):
     return level
 
 
-def _batches(block):
-    """Lists of binding indices whose matmuls form one batch (see the module docstring)."""
+def _weights(block, params):
+    """The weight parameters ``params`` and the vars bound to a ``strided_slice`` of one (the row
+    blocks SplitMatMulOverConcat cuts from a weight kept apart)."""
+    found = set(params)
+    for b in block.bindings:
+        if _is_op(b.value, STRIDED_SLICE) and b.value.args[0] in found:
+            found.add(b.var)
+    return found
+
+
+def _batches(block, params=()):
+    """Lists of binding indices whose matmuls form one batch (see the module docstring);
+    ``params``: main's weight parameters (weights kept apart)."""
     level = _levels(block)
+    weights = _weights(block, params) if params else set()
     groups = {}
     for i, b in enumerate(block.bindings):
         call = b.value
@@ -74,7 +91,7 @@ def _batches(block):
                 and call.op.same_as(MATMUL)):
             continue
         x, w = call.args
-        if not isinstance(x, relax.Var) or not isinstance(w, CONSTANT):
+        if not isinstance(x, relax.Var) or not (isinstance(w, CONSTANT) or w in weights):
             continue
         if _static_2d(x) is None or _static_2d(w) is None:
             continue
@@ -163,7 +180,7 @@ def _rewrite(block, batches):
         stacked = var
         mm_value = bb.normalize(relax.op.matmul(stacked, weight, out_dtype=calls[0].attrs.out_dtype))
         product = relax.DataflowVar("batched", mm_value.ty)
-        items.append((after + 0.1, relax.VarBinding(product, mm_value), [stacked]))
+        items.append((after + 0.1, relax.VarBinding(product, mm_value), _vars_read(mm_value)))
         offset = 0
         for i, n in zip(batch, rows):
             part = bb.normalize(relax.op.strided_slice(product, [0], [offset], [offset + n]))
@@ -212,7 +229,7 @@ class BatchSharedWeightMatMuls:
                 or not isinstance(body.blocks[0], relax.DataflowBlock):
             return mod
         block = body.blocks[0]
-        batches = _batches(block)
+        batches = _batches(block, weight_params(main))
         if not batches:
             return mod
         new_body = relax.SeqExpr([relax.DataflowBlock(_rewrite(block, batches))], body.body)

@@ -39,6 +39,11 @@ takes each group's output from the tuple. The function carries ``rammer.gemv_epi
 FuseTIR keeps no function attributes, so the schedule rule recognises the fused PrimFunc by its
 ``T_deinterleave`` block.
 
+With weights kept apart (``relay_passes.lift_weights``: ``main``'s parameters past ``num_input``
+are weights), a weight parameter counts as a constant, and the interleave is a call_tir on it
+(``interleave`` PrimFunc) at the top of ``main``, which the next LiftWeightTransforms moves into
+``transform_params``.
+
 In: an IRModule after BranchPreservingFusion (``main`` one dataflow block of call_tirs and calls
 of Primitive functions). Out: the same module with each fused GEMV and its tail replaced as above;
 unchanged when no GEMV qualifies. Must run before FuseTIR.
@@ -56,6 +61,7 @@ from tir_templates.gemv_epilogue import cell_tiling
 
 from .branch_fusion import BROADCAST, INJECTIVE, callee_pattern
 from .dataflow_graph import CALL_TIR, DataflowGraph
+from .lift_weights import weight_params
 
 __all__ = ["GEMVEpilogueFusion", "EPILOGUE_ATTR", "is_plain_matmul"]
 
@@ -162,7 +168,12 @@ def _group_bindings(mod, node):
     return callee, [b for blk in callee.body.blocks for b in blk.bindings]
 
 
-def _group_gemv(graph, node, checked):
+def _is_weight(tensor, weights):
+    """A constant, or one of main's weight parameters (weights kept apart)."""
+    return tensor.is_constant or (tensor.producer is None and tensor.expr in weights)
+
+
+def _group_gemv(graph, node, checked, weights=frozenset()):
     """The _Gemv of a fused group ``call_tir(matmul, (a, W))`` followed by elementwise or
     broadcast call_tirs on its result and constants (``x @ W_x + b``), or None."""
     if not _is_group_or_call_tir(graph, node) or node.kind == "call_tir":
@@ -174,7 +185,7 @@ def _group_gemv(graph, node, checked):
             and _plain(graph, first.args[0], checked)):
         return None
     a, w = first.args[1].fields
-    if a not in outer or w not in outer or not outer[w].is_constant:
+    if a not in outer or w not in outer or not _is_weight(outer[w], weights):
         return None
     local = {bindings[0].var: ("gemv", None)}
     epilogue = []
@@ -188,7 +199,7 @@ def _group_gemv(graph, node, checked):
         for x in value.args[1].fields:
             if x in local:
                 args.append(local[x])
-            elif x in outer and outer[x].is_constant:
+            elif x in outer and _is_weight(outer[x], weights):
                 args.append(("ext", outer[x]))
             else:
                 return None
@@ -203,15 +214,16 @@ def _gemvs(graph):
     """node index -> _Gemv for every call_tir of a plain matmul with a constant weight, and every
     fused group of one and its elementwise epilogue."""
     found, checked = {}, {}
+    weights = frozenset(weight_params(graph.func))
     for node in graph.nodes:
         if len(node.outputs) != 1:
             continue
         if node.kind == "call_tir":
-            if len(node.inputs) == 2 and node.inputs[1].is_constant \
+            if len(node.inputs) == 2 and _is_weight(node.inputs[1], weights) \
                     and _plain(graph, node.gvar, checked):
                 found[node.index] = _Gemv(node, node.gvar, node.inputs[0], node.inputs[1])
         elif node.kind == "opaque":
-            gemv = _group_gemv(graph, node, checked)
+            gemv = _group_gemv(graph, node, checked, weights)
             if gemv is not None:
                 found[node.index] = gemv
     return found
@@ -319,6 +331,18 @@ def interleave_columns(weight: np.ndarray, parts: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(k, parts, n // parts).transpose(0, 2, 1).reshape(k, n))
 
 
+def _interleave_func(k, n, parts, dtype):
+    """The PrimFunc of :func:`interleave_columns` on a ``[K, N]`` weight parameter (weights kept
+    apart: it runs in ``transform_params``)."""
+    width = n // parts
+    shape = (tirx.IntImm("int64", k), tirx.IntImm("int64", n))
+    w = te.placeholder(shape, dtype, name="w")
+    out = te.compute(shape, lambda r, c: w[r, (c % parts) * width + c // parts],
+                     name="T_interleave")
+    func = te.create_prim_func([w, out]).without_attr("global_symbol")
+    return func.with_attr("op_pattern", 2)
+
+
 def _deinterleave_func(n, parts, dtype):
     """The injective PrimFunc ``out[0, p*H + j] = x[0, j*P + p]`` (``op_pattern`` injective)."""
     width = n // parts
@@ -408,8 +432,16 @@ def _emit(mod, graph, fusions):
     bb = relax.BlockBuilder(mod)
     interleaved, deinterleave = {}, {}
     replace, dropped = {}, set()
+    first = []  # weights kept apart: their interleaves, bound first in main
     for gemv, readers, parts in fusions:
         key = _weight_key(gemv.weight)
+        if key not in interleaved and not gemv.weight.is_constant:  # a weight parameter
+            func = bb.add_func(_interleave_func(gemv.k, gemv.n, parts, gemv.weight.dtype),
+                               "interleave")
+            call = bb.normalize(relax.call_tir(func, relax.Tuple([gemv.weight.expr]),
+                                               out_ty=gemv.weight.ty))
+            interleaved[key] = relax.DataflowVar(f"{gemv.weight.expr.name}_interleaved", call.ty)
+            first.append(relax.VarBinding(interleaved[key], call))
         if key not in interleaved:
             data = gemv.weight.expr.value.numpy()
             interleaved[key] = relax.const(interleave_columns(data, parts))
@@ -425,7 +457,7 @@ def _emit(mod, graph, fusions):
         replace[readers[-1]] = (bb.normalize(call), readers)
         dropped.add(gemv.node.index)
         dropped.update(readers[:-1])
-    bindings = []
+    bindings = list(first)
     for i, b in enumerate(graph.block.bindings):
         if i in replace:
             call, readers = replace[i]

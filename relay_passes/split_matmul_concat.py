@@ -17,12 +17,17 @@ epilogue (the first part is an RNN step's input; the recurrent state comes last)
 split once per set of widths: the steps sharing a weight share its halves (no copy per step). Declines everything else (a W that is not a constant, concat along
 another axis, symbolic widths, batched weights). Output: the same computation; a concat that has no
 other use is removed.
+
+A weight parameter (past the function's ``num_input``: weights kept apart from the library,
+``relay_passes.lift_weights``) counts as a constant: its row blocks are ``strided_slice`` bindings
+on it, which LiftWeightTransforms later moves into ``transform_params``.
 """
 
 import numpy as np
 import tvm
 from tvm import relax
 
+from .lift_weights import weight_params
 from .unused_bindings import remove_unused_bindings
 
 MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -57,6 +62,10 @@ class _Rewriter(relax.PyExprMutator):
         self.halves = {}
         self.rewrites = 0
         self.sums = []  # (the sum expression emitted for a split matmul, its terms)
+        self.weights = set()  # the weight parameters of the function being visited
+
+    def _is_weight(self, expr):
+        return isinstance(expr, CONSTANT) or expr in self.weights
 
     def _concat_parts(self, x):
         """The parts of the concat `x` is bound to, when it concatenates along its last axis."""
@@ -82,6 +91,11 @@ class _Rewriter(relax.PyExprMutator):
     def _weight_parts(self, weight, widths):
         """W's row blocks for `widths` (constants shared by every matmul of the same W)."""
         key = (weight, tuple(widths))
+        if key not in self.halves and not isinstance(weight, CONSTANT):  # a weight parameter
+            edges = np.cumsum([0, *widths])
+            self.halves[key] = [self.builder_.emit(relax.op.strided_slice(
+                weight, axes=[0], begin=[int(lo)], end=[int(hi)])) for lo, hi in
+                zip(edges[:-1], edges[1:])]
         if key not in self.halves:
             data = weight.value.numpy()
             edges = np.cumsum([0, *widths])
@@ -98,9 +112,9 @@ class _Rewriter(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if _is_op(call, ADD) and isinstance(call.args[1], CONSTANT):
+        if _is_op(call, ADD) and self._is_weight(call.args[1]):
             return self._move_bias(call)
-        if not _is_op(call, MATMUL) or not isinstance(call.args[1], CONSTANT):
+        if not _is_op(call, MATMUL) or not self._is_weight(call.args[1]):
             return call
         weight = call.args[1]
         w_shape = _static_shape(weight)
@@ -144,6 +158,7 @@ class SplitMatMulOverConcat:
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 before = rewriter.rewrites
+                rewriter.weights = set(weight_params(func))
                 new = rewriter.visit_expr(func)
                 if rewriter.rewrites > before:
                     rewriter.builder_.update_func(gv, remove_unused_bindings(new))

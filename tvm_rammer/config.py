@@ -10,6 +10,7 @@ MAX_SMS = 1024         # several times any GPU's SM count (H100 SXM: 132, B200: 
 PRECISIONS = ("float32", "float16")
 MERGES = ("paper", "always", "never")
 POLICIES = ("rammer", "ios", "opara")  # tvm_rammer.policies.POLICIES, by name
+WEIGHTS = ("embedded", "apart")
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,12 @@ class RammerConfig:
         for reduced SqueezeNet's kernel). The pool becomes dynamic shared memory (the same size).
         The ROCm back end ignores it. False: every body inline in the one kernel function (as
         before).
+    weights: "embedded" (default): the model's weights are constants of the library. "apart": an
+        ONNX model is imported with its initializers as parameters, the weight rewrites (batch
+        norm folding, W's row blocks, stacked weights, interleaved columns, constant folding) are
+        operators on them that ``relay_passes.lift_weights`` moves into a VM function
+        ``transform_params(*raw_weights) -> tuple``, and ``main(*inputs, *weights)`` takes its
+        result: the library holds code only, the same kernels and rPrograms.
     """
 
     max_rtask_threads: int = 256
@@ -170,6 +177,7 @@ class RammerConfig:
     check_unmeasured: bool = True
     block_us: float = 1.0
     rkernel_functions: bool = True
+    weights: str = "embedded"
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):
@@ -215,5 +223,7 @@ class RammerConfig:
                              "analytical times; None: measure everything)")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights={self.weights!r}: choose one of {WEIGHTS}")
         if not self.wait_timeout_ms > 0:
             raise ValueError(f"wait_timeout_ms={self.wait_timeout_ms} must be positive")

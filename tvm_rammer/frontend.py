@@ -34,15 +34,22 @@ def load_onnx(model) -> onnx.ModelProto:
     raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
 
 
-def import_onnx(model, shapes: dict | None = None, batch: int | None = None) -> tvm.IRModule:
+def import_onnx(model, shapes: dict | None = None, batch: int | None = None,
+                weights: str = "embedded") -> tvm.IRModule:
     """The ONNX model as a Relax module (weights become constants).
 
     ``shapes`` ({input name: shape}) and ``batch`` bind symbolic input dimensions first
     (:func:`tvm_rammer.shapes.bind_shapes`), and shape computations on static shapes become
     constants (:func:`tvm_rammer.onnx_fold.fold_shape_subgraphs`); inputs left symbolic are
     recorded on the module, and the rammer pipeline then compiles it with TVM's default pipeline and
-    a warning naming them."""
-    proto = fold_shape_subgraphs(bind_shapes(load_onnx(model), shapes, batch))
+    a warning naming them. ``weights="apart"``: the model's initializers become ``main``'s
+    parameters after its inputs, in the graph's order (attribute ``num_input``; the values are not
+    kept: ``tvm_rammer.lease.manifest.raw_weights`` reads them from the model), except those the
+    shape folding made, which stay constants."""
+    if weights not in ("embedded", "apart"):
+        raise ValueError(f"weights={weights!r}: choose 'embedded' or 'apart'")
+    bound = bind_shapes(load_onnx(model), shapes, batch)
+    proto = fold_shape_subgraphs(bound)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
@@ -50,13 +57,49 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None) -> 
     try:
         with warnings.catch_warnings():  # "unknown dimension" / "renaming": said once, by us
             warnings.simplefilter("ignore")
-            mod = from_onnx(proto, keep_params_in_input=False)
+            mod = from_onnx(proto, keep_params_in_input=weights == "apart")
     except Exception as err:  # the frontend raises many error types for unsupported graphs
         raise ValueError(
             f"TVM's ONNX frontend cannot import this model: {str(err).strip().splitlines()[-1]}"
         ) from None
+    if weights == "apart":
+        mod = _weights_as_params(mod, proto, [i.name for i in bound.graph.initializer])
     unbound = unbound_inputs(proto)
     return mod.with_attr(UNBOUND_ATTR, json.dumps(unbound)) if unbound else mod
+
+
+def _weights_as_params(mod: tvm.IRModule, proto, raw_names: list) -> tvm.IRModule:
+    """``mod`` imported with ``keep_params_in_input``: the values detached (they travel apart), and
+    the initializers that are not the model's own (``raw_names``: made by the shape folding)
+    bound back as constants, so main's weights are exactly the model's initializers, in order."""
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    mod, params = relax.frontend.detach_params(mod)
+    main = mod["main"]
+    num_input = int(main.attrs["num_input"])
+    weights = list(main.params[num_input:])
+    names = [i.name for i in proto.graph.initializer]
+    if len(weights) != len(names):
+        raise ValueError(f"TVM's ONNX frontend made {len(weights)} weight parameters of "
+                         f"{len(names)} initializers: compile this model with the weights embedded")
+    own = set(raw_names)
+    folded = {w: relax.const(value) for w, name, value in zip(weights, names, params["main"])
+              if name not in own}
+    if [n for n in names if n in own] != list(raw_names):
+        raise ValueError("TVM's ONNX frontend reordered the initializers: compile this model with "
+                         "the weights embedded")
+    if folded:
+        kept = [p for p in main.params if p not in folded]
+        body = relax.BlockBuilder().normalize(relax.Function(
+            kept, _bind(main.body, folded), main.ret_ty, main.is_pure, main.attrs))
+        mod = tvm.IRModule({**dict(mod.functions_items()), mod.get_global_var("main"): body},
+                           attrs=mod.attrs)
+    return mod
+
+
+def _bind(expr, values: dict):
+    from relay_passes.lift_weights import substitute  # pylint: disable=import-outside-toplevel
+    return substitute(expr, values)
 
 
 def lower(mod: tvm.IRModule, target, config: RammerConfig | None = None,
@@ -74,18 +117,20 @@ def compile(model, target="rammer/nvidia-h100", config: RammerConfig | None = No
 
     ``shapes`` ({input name: shape}) and ``batch`` bind an ONNX model's symbolic input dimensions
     (rPrograms need static shapes; a model left symbolic gets TVM's default pipeline).
+    ``config.weights="apart"``: an ONNX model's weights are parameters (:func:`import_onnx`), and
+    the executable has ``transform_params(*raw_weights)`` and ``main(*inputs, *weights)``.
     Returns the ``tvm.relax.VMExecutable`` that ``tvm.compile`` returns; run it with
     ``relax.VirtualMachine(ex, tvm.cuda())``.
     """
-    mod = _module(model, shapes, batch)
+    mod = _module(model, shapes, batch, (config or RammerConfig()).weights)
     target = resolve_target(target)
     return tvm.compile(mod, target=target, relax_pipeline=rammer_pipeline(target, config, profiler))
 
 
-def _module(model, shapes, batch) -> tvm.IRModule:
+def _module(model, shapes, batch, weights="embedded") -> tvm.IRModule:
     if isinstance(model, tvm.IRModule):
         if shapes or batch is not None:
             raise ValueError("shapes= and batch= bind an ONNX model's inputs; a Relax module's "
                              "shapes are already fixed (pass the ONNX model instead)")
         return model
-    return import_onnx(model, shapes, batch)
+    return import_onnx(model, shapes, batch, weights)

@@ -34,6 +34,7 @@ from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.gemv_epilogue import GEMVEpilogueFusion
 from relay_passes.inference_dropout import RemoveInferenceDropout
+from relay_passes.lift_weights import LiftWeightTransforms
 from relay_passes.memo_legalize import MemoLegalizeOps
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
@@ -65,30 +66,10 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     whose ``profile_budget_s`` counts from ``started`` (``time.monotonic()``; None: the back end's
     start)."""
     cuda_backend = kind_backend(target)  # TVM's CUDA or ROCm backend passes
-
-    fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
-    if config.fusion and config.tail_fusion:
-        fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
-    if config.fusion and config.gemv_epilogue:
-        fusion.append(GEMVEpilogueFusion(config.max_rtask_threads))  # after the groups: cell = 1 op
-    split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
-    if config.batch_shared_matmuls:
-        split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
     timeline = [ReturnTimelines()] if config.timeline else []
-    precision = mixed_precision_passes(config)
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
-        *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
-        *precision,                                    # float16: after BN folding (in fp32), before legalizing
-        SplitToSlices(),                               # one kernel per part: parts become rTasks
-        *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
-        FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
-        MemoLegalizeOps(),                             # every op -> call_tir (each signature built once)
-        ExactPowers(),                                 # pow(x, 2) -> x * x: fast math's powf is NaN for x < 0
-        relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
-        relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
-        *fusion,                                       # never joins two independent branches
-        relax.transform.FuseTIR(),                     # one PrimFunc per fused group
+        *graph_passes(config),                         # rewrites and groups, to FuseTIR
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
                      default_schedule_pass(GEMVEpilogue())),
@@ -96,6 +77,36 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),
+    ]
+
+
+def graph_passes(config: RammerConfig) -> list:
+    """The target-independent part of :func:`rammer_passes`: the graph rewrites, legalization and
+    grouping, to ``FuseTIR`` (one PrimFunc per operator group, unscheduled). Tests build it for
+    llvm to check numerics, e.g. with the weights apart."""
+    fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
+    if config.fusion and config.tail_fusion:
+        fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
+    lift = [LiftWeightTransforms()] if config.weights == "apart" else []
+    if config.fusion and config.gemv_epilogue:
+        fusion.append(GEMVEpilogueFusion(config.max_rtask_threads))  # after the groups: cell = 1 op
+        fusion += lift                                 # weights apart: its interleave -> transform
+    split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
+    if config.batch_shared_matmuls:
+        split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
+    return [
+        *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
+        *mixed_precision_passes(config),               # float16: after BN folding (in fp32), before legalizing
+        SplitToSlices(),                               # one kernel per part: parts become rTasks
+        *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
+        FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
+        MemoLegalizeOps(),                             # every op -> call_tir (each signature built once)
+        ExactPowers(),                                 # pow(x, 2) -> x * x: fast math's powf is NaN for x < 0
+        relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
+        relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
+        *lift,                                         # weights apart: no rTasks for weight-only ops
+        *fusion,                                       # never joins two independent branches
+        relax.transform.FuseTIR(),                     # one PrimFunc per fused group
     ]
 
 
@@ -156,26 +167,28 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
         if unbound:  # rTasks need static shapes: never worse than TVM's default pipeline
             LOG.warning("tvm-rammer: %s", unbound_message(unbound))
             plain = plain_target(tgt)
-            return relax.get_default_pipeline(plain)(mod)
+            return default_pipeline(plain, config.weights)(mod)
         with tgt:
             lowered = tvm.transform.Sequential(rammer_passes(tgt, config, profiler, started))(mod)
         if config.timeline or not unplaced_operators(lowered):
             return lowered  # every operator in an rProgram: at most as many launches as TVM's
-        return _fewer_launches(mod, lowered, tgt)
+        return _fewer_launches(mod, lowered, tgt, config.weights)
 
     return _pipeline
 
 
-def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRModule:
+def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target,
+                    weights: str = "embedded") -> tvm.IRModule:
     """``lowered``, or TVM's default lowering of ``mod`` when that launches fewer kernels: operators
     left as ordinary kernels are fused less than TVM's FuseOps would, and a model with many of
     them must never cost more launches than turning tvm-rammer off. TVM's default lowering is made
     only as far as needed to know: its operators before ``FuseOps`` (:func:`default_anchors_at_least`;
     FuseOps takes 13 of the 19 s of DeepSpeech2's, to FuseTIR), then its fused operators
-    (:func:`default_launches_at_least`), then the whole of it."""
+    (:func:`default_launches_at_least`), then the whole of it. ``weights``: the config's (with
+    "apart", TVM's default lifts its weight-only operators too, as :func:`default_pipeline`)."""
     plain = plain_target(target)
     ours = count_launches(lowered)
-    to_fusion, fusion, finish = default_stages(plain)
+    to_fusion, fusion, finish = default_stages(plain, weights)
     with plain:
         before_fusion = tvm.transform.Sequential(to_fusion)(mod)
     if ours <= default_anchors_at_least(before_fusion):
@@ -196,24 +209,73 @@ def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target) -> tvm.IRM
                                                          "kernel": None}]))
 
 
-def default_passes(target: tvm.target.Target) -> list:
+def default_passes(target: tvm.target.Target, weights: str = "embedded") -> list:
     """TVM's default CUDA pipeline (``relax.backend.cuda.get_default_pipeline``), the same module
     out, faster: constants' reshapes and casts folded by numpy first (``FoldConstant`` then has
-    less to build) and each operator signature legalized once (``MemoLegalizeOps``)."""
+    less to build) and each operator signature legalized once (``MemoLegalizeOps``). ``weights``
+    "apart": weight-only operators lifted into ``transform_params`` after ``FoldConstant``."""
     cuda_backend = kind_backend(target)
 
     legalize = [MemoLegalizeOps() if p.info.name == "LegalizeOps" else p
                 for p in cuda_backend.legalize_passes(target)]
-    return [*cuda_backend.library_dispatch_passes(target), FoldConstantOps(), *legalize,
+    return [*cuda_backend.library_dispatch_passes(target), FoldConstantOps(),
+            *_lift_after_fold(legalize, weights),
             *cuda_backend.dataflow_lower_passes(target), *cuda_backend.finalize_passes(target)]
 
 
-def default_stages(target: tvm.target.Target) -> tuple:
+def _lift_after_fold(passes: list, weights: str) -> list:
+    """``passes`` with LiftWeightTransforms after their ``FoldConstant`` for weights "apart" (what
+    FoldConstant folds with the weights embedded is what it lifts), else unchanged."""
+    if weights != "apart":
+        return list(passes)
+    names = [p.info.name for p in passes]
+    if "FoldConstant" not in names:
+        raise ValueError("this target's default legalization has no FoldConstant to lift the "
+                         "weight transforms after; compile it with the weights embedded")
+    at = names.index("FoldConstant") + 1
+    return [*passes[:at], LiftWeightTransforms(), *passes[at:]]
+
+
+def default_pipeline(target: tvm.target.Target, weights: str = "embedded"):
+    """TVM's default Relax pipeline for ``target`` (any kind TVM has one for: CUDA, ROCm, llvm);
+    with ``weights="apart"`` the same passes plus LiftWeightTransforms after its ``FoldConstant``
+    (a module imported with its weights as parameters: ``main(*inputs, *weights)`` and
+    ``transform_params(*raw_weights)``, the other side of every weights-apart comparison).
+    ``"embedded"``: exactly ``relax.get_default_pipeline(target)``."""
+    if weights == "embedded":
+        return relax.get_default_pipeline(target)
+    if weights != "apart":
+        raise ValueError(f"weights={weights!r}: choose 'embedded' or 'apart'")
+    backend = _default_backend(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="DefaultPipelineWeightsApart")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            passes = [*backend.library_dispatch_passes(target),
+                      *_lift_after_fold(backend.legalize_passes(target), weights),
+                      *backend.dataflow_lower_passes(target), *backend.finalize_passes(target)]
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+def _default_backend(target: tvm.target.Target):
+    """TVM's pipeline module of the target's kind (what ``relax.get_default_pipeline`` uses)."""
+    if target.kind.name in KINDS:
+        return kind_backend(target)
+    if target.kind.name == "llvm":
+        from tvm.relax.backend.cpu_generic import pipeline as cpu_backend  # pylint: disable=import-outside-toplevel
+        return cpu_backend
+    raise ValueError(f"no default pipeline with weights apart for target kind "
+                     f"{target.kind.name!r}: use a CUDA, ROCm or llvm target")
+
+
+def default_stages(target: tvm.target.Target, weights: str = "embedded") -> tuple:
     """:func:`default_passes` in three lists: up to ``FuseOps`` (legalized, ``op_pattern``
     annotated, constants folded: :func:`default_anchors_at_least` reads that), ``FuseOps`` to
     ``FuseTIR`` (its fused operators, before dlight: :func:`default_launches_at_least`), and the
     passes that finish TVM's default lowering from there."""
-    passes = default_passes(target)
+    passes = default_passes(target, weights)
     names = [p.info.name for p in passes]
     fuse, fused = names.index("FuseOps"), names.index("FuseTIR") + 1
     return passes[:fuse], passes[fuse:fused], passes[fused:]
