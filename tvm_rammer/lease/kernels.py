@@ -11,17 +11,17 @@ lease timed already, :mod:`tvm_rammer.lease.kernel_results`). The compile stops 
 phase (nothing of the policy or the code generation runs).
 
 The jobs' kernels, and per operator TVM's default kernel (the validity reference, as
-``measure.CudaDevice`` uses it), are built with the profiler's own batch build
-(``measure._batch_build_worker``: one TVM build, link and nvcc run per library), many kernels per
-library, for the target (binaries for its arch where TVM builds CUDA binaries here, else the CUDA
-source, which the GPU host compiles at load; ``cuda_format`` in the manifest says which). The
+``measure.CudaDevice`` uses it), are built as the profiler's batches are (``measure._built``: one
+TVM build per library), many kernels per library, and exported by ``host.cross.export``: their
+CUDA compiled here into binaries for the target's arch (the CUDA source where there is no CUDA
+compiler; the GPU host then compiles it at load; ``cuda_format`` in the manifest says which). The
 libraries are named by the hash of what they hold, so an unchanged library is not built again.
 
 The manifest (``kernels.json``, format :data:`FORMAT`) is what ``tvm_rammer.runtime.kernel_timing``
 reads on the GPU host::
 
     {"format", "target", "arch", "device_type", "device": the DB device the records are read for,
-     "libraries": [{"library", "bytes", "kernels", "build_s", "cuda_format"}],
+     "libraries": [{"library", "bytes", "kernels", "build_s", "cuda_format", "arches"}],
      "kernels": [{"library", "function", "key", "label", "operator", "model", "role": "reference" |
                   "version", "reference": key of its reference (None for a reference),
                   "num_outputs", "params": [[name, shape, dtype]], "predicted_us", "base",
@@ -269,14 +269,22 @@ def entries_of(recorded: RecordedModel, seen: set | None = None) -> tuple:
 
 
 def _cuda_format(path: str) -> str | None:
-    """How the CUDA module of a library is stored: "source" (compiled at load on the GPU host),
-    "binary" (a fatbin or cubin), None (no CUDA module)."""
-    data = Path(path).read_bytes()
-    if b"__global__" in data:
-        return "source"
-    if b"\x50\xed\x55\xba" in data or b"\x7fELF" in data[64:] and b".nv.info" in data:
-        return "binary"
-    return None
+    """How the CUDA modules of a library are stored (``host.cross.library_cuda_modules``):
+    "source" (compiled at load on the GPU host), "binary" (cubin, fatbin), None (none)."""
+    from ..host import cross
+
+    modules = cross.library_cuda_modules(path)
+    if not modules:
+        return None
+    return "source" if any(m.is_source for m in modules) else "binary"
+
+
+def _cuda_arches(path: str) -> list:
+    """The archs the compiled CUDA modules of a library hold (``host.cross.binary_arches``)."""
+    from ..host import cross
+
+    return sorted({a for m in cross.library_cuda_modules(path) if not m.is_source
+                   for a in cross.binary_arches(m.code)})
 
 
 def _library_name(entries: Sequence[KernelEntry], spec: dict) -> str:
@@ -301,10 +309,8 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
     and how many entries were not built. An unchanged library (same name) is reused."""
     import tvm
 
-    from tir_templates.cuda_resources import find_tool
-
     from ..target import resolve_target, target_spec
-    from ..tuning.measure import _batch_build_worker, param_specs
+    from ..tuning.measure import param_specs
 
     tgt = target if isinstance(target, tvm.target.Target) else resolve_target(target) \
         if str(target).startswith("rammer/") else tvm.target.Target(target)
@@ -326,18 +332,16 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
         else:
             mod = tvm.IRModule({_function_name(e): e.func.with_attr("global_symbol", _function_name(e))
                                 for e in chunk})
-            wanted = [_function_name(e) for e in chunk] if (cuda and find_tool("nvcc")) else []
-            items = _batch_build_worker(tvm.ir.save_json(mod), spec, path, wanted)
-            built = {"items": {i["entry"]: {k: i.get(k) for k in ("registers", "shared_bytes",
-                                                                 "resources_error")}
-                               for i in items},
-                     "build_s": round(time.perf_counter() - start, 2)}
+            built = {"items": _build_one(mod, tgt, path), "build_s": round(time.perf_counter() - start, 2)}
+            if cuda:
+                built.update(cuda_format=_cuda_format(path), arches=_cuda_arches(path))
             with open(info_path, "w", encoding="utf-8") as f:
                 json.dump(built, f)
         size = os.path.getsize(path)
         total += size
         libraries.append({"library": name, "bytes": size, "kernels": len(chunk),
-                          "build_s": built["build_s"], "cuda_format": _cuda_format(path) if cuda else None})
+                          "build_s": built["build_s"], "cuda_format": built.get("cuda_format"),
+                          "arches": built.get("arches", [])})
         for e in chunk:
             res = built["items"].get(_function_name(e), {})
             kernels.append({"library": name, "function": _function_name(e), "key": e.key,
@@ -347,6 +351,40 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
                             "predicted_us": e.predicted_us, "base": e.base,
                             "registers": res.get("registers"), "shared_bytes": res.get("shared_bytes")})
     return libraries, kernels, 0
+
+
+def _build_one(mod, tgt, path: str) -> dict:
+    """Build ``mod`` (entry name -> PrimFunc) for ``tgt`` into the library ``path``: one TVM build
+    (``measure._built``, as the profiler's batches), its CUDA compiled here for the target's arch
+    where a CUDA compiler is (``host.cross.export``; else the source is kept), and the registers
+    and shared bytes of each entry from one ``nvcc -Xptxas -v`` of the module's source (as
+    ``measure._batch_build_worker`` reads them). Returns entry -> {registers, shared_bytes} (or
+    ``resources_error``)."""
+    from tir_templates import cuda_resources
+
+    from ..host import cross
+    from ..resources import module_cuda_source
+    from ..target import target_arch
+    from ..tuning.measure import _built
+
+    lib, _ = _built(mod, tgt, False)
+    cross.export(lib, path, tgt)
+    names = sorted(gv.name_hint for gv in mod.get_global_vars())
+    if tgt.kind.name != "cuda" or cuda_resources.find_tool("nvcc") is None:
+        return {n: {} for n in names}
+    try:
+        found = cuda_resources.compile_cuda_resources_per_kernel(module_cuda_source(lib),
+                                                                target_arch(tgt))
+    except Exception as err:  # pylint: disable=broad-except  (resources are optional)
+        return {n: {"resources_error": str(err).splitlines()[0] if str(err) else type(err).__name__}
+                for n in names}
+    items = {}
+    for n in names:
+        mine = [r for k, r in found.items() if k == n or k.startswith(n + "_kernel")]
+        items[n] = {"registers": max(r["registers"] for r in mine),
+                    "shared_bytes": max(r["shared_bytes"] for r in mine)} if mine else \
+            {"resources_error": "no ptxas line for this kernel"}
+    return items
 
 
 def _chunks(entries: list, size: int) -> list:
