@@ -250,9 +250,10 @@ def _str(data: bytes) -> bytes:
 
 
 def split_blob(blob) -> tuple:
-    """``(tree, modules)`` of a packed-imports blob (its 8-byte size header first): ``tree`` the
-    import tree's bytes as written, ``modules`` a list of ``(kind, bytes or None)`` (None for
-    "_lib", the library's own code). ValueError when the blob is not one."""
+    """``(tree, modules)`` of a packed-imports blob (bytes or a memoryview, its 8-byte size header
+    first): ``tree`` the import tree's bytes as written, ``modules`` a list of ``(kind, data)``,
+    ``data`` a memoryview into ``blob`` (None for "_lib", the library's own code). ValueError when
+    the blob is not one."""
     buf = memoryview(blob)
     try:
         size, pos = _read_u64(buf, 0)
@@ -271,8 +272,11 @@ def split_blob(blob) -> tuple:
             kind, pos = _read_str(buf, pos)
             kind = kind.decode()
             data = None
-            if kind != "_lib":
-                data, pos = _read_str(buf, pos)
+            if kind != "_lib":  # a view: the weights a module holds are not copied
+                n, pos = _read_u64(buf, pos)
+                if pos + n > len(buf):
+                    raise ValueError("truncated")
+                data, pos = buf[pos:pos + n], pos + n
             modules.append((kind, data))
         if pos != len(buf):
             raise ValueError("trailing bytes")
@@ -288,9 +292,8 @@ def join_blob(tree: bytes, modules: list) -> bytes:
     for kind, data in modules:
         body.append(_str(kind.encode()))
         if kind != "_lib":
-            body.append(_str(data))
-    joined = b"".join(body)
-    return _U64.pack(len(joined)) + joined
+            body += [_U64.pack(len(data)), data]
+    return b"".join([_U64.pack(sum(len(part) for part in body))] + body)  # one copy
 
 
 def parse_cuda_module(data: bytes) -> CudaModuleBytes:
@@ -342,7 +345,7 @@ def _packer(target, compiled: list):
         import tvm
         import tvm_ffi
 
-        blob = tvm_ffi.get_global_func("runtime.ModulePackImportsToTensor")(mod).numpy().tobytes()
+        blob = memoryview(tvm_ffi.get_global_func("runtime.ModulePackImportsToTensor")(mod).numpy())
         blob = compile_sources(blob, target, compiled)
         llvm_target = None
         for m in mod._collect_dso_modules():  # pylint: disable=protected-access
