@@ -99,7 +99,8 @@ def test_run_loads_runs_checks_and_times_every_library_on_the_cpu(cpu_lease):
 def test_report_of_the_cpu_run(cpu_lease, tmp_path):
     lease_report.write_report(cpu_lease["out"], tmp_path / "rep")
     text = (tmp_path / "rep" / "README.md").read_text()
-    assert "| two_branch |" in text and "| demo (16 branches) |" in text
+    assert "| two_branch (reduced) (CPU check: llvm) |" in text
+    assert "| demo (16 branches) (CPU check: llvm) |" in text
     data = json.loads((tmp_path / "rep" / "results.json").read_text())
     assert data["commit"] == json.loads((cpu_lease["lease"] / "index.json").read_text())["commit"]
     assert all(ok for r in data["models"] for ok in r["ok"].values()) and data["models"]

@@ -154,8 +154,11 @@ def format_markdown(summary: dict) -> str:
         ok = all(v for v in r["ok"].values()) if r["ok"] else None
         sp = r.get("speedup_vs_default")
         st = r.get("speedup_vs_torch_best")
+        reduced = r.get("params") and not r["model"].startswith("demo")
+        label = r["model"] + (" (reduced)" if reduced else "") + (
+            " (CPU check: llvm)" if r.get("device_type") == "cpu" else "")
         lines.append(
-            f"| {r['model']} | {_us(lat.get('rammer'))} | {_us(lat.get('rammer_nocheck'))} | "
+            f"| {label} | {_us(lat.get('rammer'))} | {_us(lat.get('rammer_nocheck'))} | "
             f"{_us(lat.get('default'))} | {_us(lat.get('torch_eager'))} | "
             f"{_us(lat.get('torch_graph'))} | {f'{sp:.2f}x' if sp else '-'} | "
             f"{f'{st:.2f}x' if st else '-'} | "

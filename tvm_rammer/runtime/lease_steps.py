@@ -85,10 +85,11 @@ def _runs(latency_us: float) -> int:
     return int(min(200, max(10, TIMING_S * 1e6 / max(latency_us, 1.0))))
 
 
-def library_estimate_s(manifest: dict, so_mib: float, latency_us: float) -> float:
-    """Seconds to load one library (a CUDA source module compiles at load: 20 s), move and
-    transform its weights, check one run and time ``_runs`` runs (3 warm-up)."""
-    load = 1.0 + so_mib / 50 + (20.0 if manifest.get("cuda_source") else 0.0)
+def library_estimate_s(manifest: dict, so_mib: float, latency_us: float,
+                       source: bool = False) -> float:
+    """Seconds to load one library (``source``: its CUDA is source, compiled at load: 20 s), move
+    and transform its weights, check one run and time ``_runs`` runs (3 warm-up)."""
+    load = 1.0 + so_mib / 50 + (20.0 if source else 0.0)
     weights = _weights_mib(manifest) / 500
     return load + weights + (_runs(latency_us) + 4) * latency_us * 1e-6 + 0.5
 
@@ -101,6 +102,11 @@ def _manifest(lease: Path, name: str, index: dict) -> dict | None:
         return json.loads((lease / "libs" / f"{name}.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+def _is_source(index: dict, name: str, manifest: dict) -> bool:
+    """A CUDA library whose CUDA module prepare did not compile (the GPU host compiles it)."""
+    return manifest.get("device_type") == "cuda" and not index["artifacts"][name].get("binary")
 
 
 def steps(lease: Path, root: Path | None = None) -> list:
@@ -126,7 +132,8 @@ def steps(lease: Path, root: Path | None = None) -> list:
             mib = max(mib, _weights_mib(man))
             variant = index["artifacts"][lib].get("variant", "rammer")
             us = lat.get("default" if variant == "default" else "rammer", DEFAULT_LATENCY_US)
-            est += library_estimate_s(man, _mib(lease, f"libs/{lib}.so"), us)
+            est += library_estimate_s(man, _mib(lease, f"libs/{lib}.so"), us,
+                                      _is_source(index, lib, man))
         est += mib / 100 + mib / 200  # weights regenerated (numpy), reference run (onnxruntime)
         if stem != "demo":  # PyTorch eager and CUDA graph through onnx2torch
             us = lat.get("default", DEFAULT_LATENCY_US) * 1.5
@@ -144,7 +151,8 @@ def steps(lease: Path, root: Path | None = None) -> list:
             model = name.split(".")[0]
             man = _manifest(lease, name, index) or {}
             us = prior.get(model, {}).get("rammer", DEFAULT_LATENCY_US)
-            est = 5.0 + _weights_mib(man) / 100 + library_estimate_s(man, _mib(lease, f"libs/{name}.so"), us)
+            est = 5.0 + _weights_mib(man) / 100 + library_estimate_s(
+                man, _mib(lease, f"libs/{name}.so"), us, _is_source(index, name, man))
             out.append({"name": f"timeline-{model}", "kind": "timeline", "libraries": [name],
                         "estimate_s": round(est, 1),
                         "what": f"{model}: measured per-vEU timeline (raw buffers; report decodes)"})
@@ -307,6 +315,11 @@ def step_device(step: Step) -> None:
             facts[mod] = getattr(__import__(mod), "__version__", "?")
         except Exception as err:  # noqa: BLE001 - a missing or broken package is a fact
             facts[mod] = f"missing ({type(err).__name__})"
+    try:
+        import tvm
+        facts["tvm_path"] = str(Path(tvm.__file__).parent)
+    except Exception:  # noqa: BLE001 - recorded above as missing
+        pass
     facts["gpu"] = cuda_visible()
     if facts["gpu"]:
         import tvm
