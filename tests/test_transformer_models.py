@@ -422,3 +422,22 @@ def test_reduced_model_on_the_emulator_matches_onnxruntime(name):
     ref = onnx_reference(model, feeds)
     errors = [relative_error(o, r) for o, r in zip(result.outputs, ref)]
     assert len(result.outputs) == len(ref) and max(errors) <= 1e-4, errors
+
+
+def test_a_model_past_the_check_limit_is_checked_without_its_weights(monkeypatch, gpt2):
+    """Past protobuf's 2 GiB, onnx.checker cannot take the model in memory (it serialises it):
+    import_onnx checks a copy without the weights' bytes (forced here by a lower limit), which
+    still catches a broken graph (negative control)."""
+    from tvm_rammer import frontend
+
+    monkeypatch.setattr(frontend, "CHECK_WEIGHTS_BELOW", 10_000)
+    light = frontend._checkable(gpt2)
+    assert light is not gpt2 and light.ByteSize() < 100_000
+    assert "main" in [gv.name_hint for gv in frontend.import_onnx(gpt2).get_global_vars()]
+    broken = onnx.ModelProto()
+    broken.CopyFrom(gpt2)
+    broken.graph.node[5].input[0] = "no_such_tensor"
+    with pytest.raises(ValueError, match=r"^invalid ONNX model: .*no_such_tensor"):
+        frontend.import_onnx(broken)
+    monkeypatch.setattr(frontend, "CHECK_WEIGHTS_BELOW", 1 << 30)
+    assert frontend._checkable(gpt2) is gpt2

@@ -34,6 +34,37 @@ def load_onnx(model) -> onnx.ModelProto:
     raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
 
 
+# onnx.checker serialises the model it checks: past protobuf's 2 GiB (Llama-3.2-1B's shape in
+# float32, read with its external data) it is checked without the weights' bytes.
+CHECK_WEIGHTS_BELOW = 1 << 30
+
+
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` itself, or when its initializers hold more than ``CHECK_WEIGHTS_BELOW`` bytes, a
+    copy whose large initializers are graph inputs of their type and shape (the graph, its
+    operators and shapes are checked; the weights' values are not needed for that)."""
+    sizes = [len(t.raw_data) if t.HasField("raw_data") else t.ByteSize()
+             for t in proto.graph.initializer]
+    if sum(sizes) <= CHECK_WEIGHTS_BELOW:
+        return proto
+    light = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import,
+                            functions=proto.functions)
+    graph = light.graph
+    graph.name = proto.graph.name
+    graph.node.extend(proto.graph.node)
+    graph.input.extend(proto.graph.input)
+    graph.output.extend(proto.graph.output)
+    graph.value_info.extend(proto.graph.value_info)
+    declared = {v.name for v in proto.graph.input}
+    for tensor, size in zip(proto.graph.initializer, sizes):
+        if size <= 4096:
+            graph.initializer.append(tensor)
+        elif tensor.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(
+                tensor.name, tensor.data_type, list(tensor.dims)))
+    return light
+
+
 def import_onnx(model, shapes: dict | None = None, batch: int | None = None,
                 weights: str = "embedded") -> tvm.IRModule:
     """The ONNX model as a Relax module (weights become constants).
@@ -51,7 +82,7 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None,
     bound = bind_shapes(load_onnx(model), shapes, batch)
     proto = fold_shape_subgraphs(bound)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(_checkable(proto))
     except onnx.checker.ValidationError as err:
         raise ValueError(f"invalid ONNX model: {str(err).splitlines()[0]}") from None
     try:

@@ -142,6 +142,7 @@ RAMMER_EMU_HALF_UNARY(hrsqrt, [](float x) { return 1.0f / std::sqrt(x); })
 RAMMER_EMU_HALF_UNARY(hrcp, [](float x) { return 1.0f / x; })
 RAMMER_EMU_HALF_UNARY(hsin, std::sin)
 RAMMER_EMU_HALF_UNARY(hcos, std::cos)
+RAMMER_EMU_HALF_UNARY(htanh, std::tanh)  // CUDA 12.8+: TVM writes it for a float16 tanh
 RAMMER_EMU_HALF_UNARY(hfloor, std::floor)
 RAMMER_EMU_HALF_UNARY(hceil, std::ceil)
 RAMMER_EMU_HALF_UNARY(htrunc, std::trunc)
