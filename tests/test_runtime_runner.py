@@ -1,15 +1,16 @@
 """The runtime-only runner (tvm_rammer/runtime/): a library built here with the compiler runs in a
 fresh interpreter on TVM's runtime alone (``TVM_USE_RUNTIME_LIB=1``), its weights given apart.
 
-The library is of the lease contract's form (issue 31): the reduced zoo ``two_branch`` model
-written as ``main(input, *weights)`` over its two weights stacked into one (a weight transform the
-compiler lifts out, as the rewrites' folding/stacking), ``LiftTransformParams`` making the
-transform a function of the library (``transform_params(*raw)`` per the contract; TVM's own
-``main_transform_params`` takes one tuple), a ``rammer_fault_page`` function, compiled for llvm.
-One child process runs the CLI on six manifests (weights regenerated, from a file, through the
-tuple-taking transform, a weights file of a wrong shape, a page holding a fault, and a library with
-its weights embedded: ``"transform": null``, no raw weights); another checks what that interpreter
-loaded.
+The libraries are of the lease contract's form (issue 31), manifests written with
+``tvm_rammer.lease.manifest``: the reduced zoo ``two_branch`` model written as
+``main(input, *weights)`` over its two weights stacked into one (a weight transform the compiler
+lifts out), ``LiftTransformParams`` making the transform a function of the library
+(``transform_params(*raw)`` per the contract; TVM's own ``main_transform_params`` takes one
+tuple), a ``rammer_fault_page`` function, compiled for llvm; and the reduced ``lstm_tc`` through the
+project's graph passes with the weights apart (its own ``transform_params``). One child process
+runs the CLI on seven manifests (weights regenerated, from a file, through the tuple-taking
+transform, a weights file of a wrong shape, a page holding a fault, weights embedded, lstm_tc);
+another checks what that interpreter loaded.
 """
 import json
 import os
@@ -22,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from tvm_rammer import faults, runtime
 from tvm_rammer.codegen import cuda_helpers
 from tvm_rammer.gpu import gpu_available
+from tvm_rammer.lease import manifest as mf
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.runtime import fault_page
 
@@ -76,47 +77,70 @@ def _module(model, page: np.ndarray, lower=None) -> tvm.IRModule:
     return mod
 
 
-def _manifest(model, library: str, transform="transform_params", weights_file=None) -> dict:
-    """The contract's manifest, by hand (tvm_rammer.lease.manifest writes it for real builds)."""
-    inits = list(model.graph.initializer)
-    (inp,) = [v for v in model.graph.input if v.name not in {i.name for i in inits}]
-    k = inits[0].dims[0]
-    n = sum(i.dims[1] for i in inits)
-    rows = inp.type.tensor_type.shape.dim[0].dim_value
-    return {"format": "tvm-rammer-lib/1", "library": library, "pipeline": "default",
-            "target": "llvm", "arch": None, "device_type": "cpu",
-            "inputs": [{"name": inp.name, "shape": [rows, k], "dtype": "float32"}],
-            "raw_weights": [{"name": i.name, "shape": list(i.dims), "dtype": "float32"}
-                            for i in inits],
-            "weights": [{"shape": [k, n], "dtype": "float32"}], "transform": transform,
-            "outputs": [{"shape": [rows, n // 2], "dtype": "float32"}], "fault_page": True,
-            "model": {"zoo": MODEL, "params": PARAMS, "batch": 1}, "weights_file": weights_file}
+def _manifest(mod, model, library: str, transform="transform_params", zoo=(MODEL, PARAMS),
+              **fields) -> dict:
+    """The contract's manifest of ``mod`` (its main's weights after ``num_input``) built from
+    ``model``, written with ``tvm_rammer.lease.manifest``; ``fields`` override (device_type,
+    weights_file, ...)."""
+    inputs, outputs = mf.graph_io(model)
+    main = mod["main"]
+    apart = main.attrs is not None and "num_input" in main.attrs
+    weights = [([int(d) for d in p.ty.shape.values], str(p.ty.dtype))
+               for p in main.params[int(main.attrs["num_input"]):]] if apart else []
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    args = dict(pipeline="default", target="llvm", arch=None, device_type="cpu", inputs=inputs,
+                raw=mf.raw_weights(model) if weights else [], weights=weights,
+                transform=transform if weights and transform in names else None, outputs=outputs,
+                fault_page=fault_page.PAGE_FUNC in names,
+                model={"zoo": zoo[0], "params": zoo[1], "batch": 1})
+    return mf.make_manifest(library, **{**args, **fields})
+
+
+def _lstm_apart():
+    """lstm_tc (reduced) through the rammer graph passes with the weights apart, built for llvm:
+    a transform_params of the project's own rewrites (W split over the concat, the recurrent
+    GEMV's columns interleaved)."""
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.pipeline import graph_passes
+
+    model = get_model("lstm_tc", **REDUCED["lstm_tc"])
+    config = RammerConfig(weights="apart")
+    mod = tvm.transform.Sequential(graph_passes(config))(import_onnx(model, weights="apart"))
+    return model, mod
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Three libraries (clean page, page holding a fault, weights embedded) and six manifests."""
+    """Four libraries (clean page, page holding a fault, weights embedded, lstm_tc through the
+    project's weights-apart passes) and seven manifests."""
     out = tmp_path_factory.mktemp("runtime_lib")
     model = get_model(MODEL, **PARAMS)
-    for name, page in (("clean", _page()), ("faulted", _page(FAULT))):
-        tvm.compile(_module(model, page), target="llvm").export_library(str(out / f"{name}.so"))
-    embedded = from_onnx(model, keep_params_in_input=False)  # weights as constants
-    tvm.compile(embedded, target="llvm").export_library(str(out / "embedded.so"))
-    arrays = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    np.savez(out / "good.npz", **arrays)
+    mods = {"clean": _module(model, _page()), "faulted": _module(model, _page(FAULT)),
+            "embedded": from_onnx(model, keep_params_in_input=False)}  # weights as constants
+    lstm, mods["lstm"] = _lstm_apart()
+    for name, mod in mods.items():
+        tvm.compile(mod, target="llvm").export_library(str(out / f"{name}.so"))
+    arrays = dict(mf.raw_weights(model))
+    mf.write_weights(out / "good.npz", list(arrays.items()))
     first = next(iter(arrays))
-    np.savez(out / "bad.npz", **{**arrays, first: np.ascontiguousarray(arrays[first].T)})
+    bad = {**arrays, first: np.ascontiguousarray(arrays[first].T)}
+    mf.write_weights(out / "bad.npz", list(bad.items()))
+    clean = mods["clean"]
     manifests = {
-        "regenerated": _manifest(model, "clean.so"),
-        "file": _manifest(model, "clean.so", weights_file="good.npz"),
-        "tuple_transform": _manifest(model, "clean.so", transform="main_transform_params"),
-        "bad_shape": _manifest(model, "clean.so", weights_file="bad.npz"),
-        "faulted": _manifest(model, "faulted.so"),
-        "embedded": {**_manifest(model, "embedded.so", transform=None), "raw_weights": [],
-                     "weights": [], "fault_page": False},
+        "regenerated": _manifest(clean, model, "clean.so"),
+        "file": _manifest(clean, model, "clean.so", weights_file="good.npz"),
+        "tuple_transform": _manifest(clean, model, "clean.so", transform="main_transform_params"),
+        "bad_shape": _manifest(clean, model, "clean.so", weights_file="bad.npz"),
+        "faulted": _manifest(mods["faulted"], model, "faulted.so"),
+        "embedded": _manifest(mods["embedded"], model, "embedded.so"),
+        "lstm_apart": _manifest(mods["lstm"], lstm, "lstm.so",
+                                zoo=("lstm_tc", REDUCED["lstm_tc"])),
     }
+    assert manifests["lstm_apart"]["transform"] == "transform_params"
+    assert manifests["embedded"]["raw_weights"] == [] and not manifests["embedded"]["fault_page"]
     for name, data in manifests.items():
-        (out / f"{name}.json").write_text(json.dumps(data))
+        mf.write_manifest(out / f"{name}.json", data)
     return out
 
 
@@ -128,9 +152,10 @@ def _runtime_only_env() -> dict:
 
 @pytest.fixture(scope="module")
 def cli_run(built):
-    """``python3 -m tvm_rammer.runtime`` on all six manifests, in a fresh runtime-only
+    """``python3 -m tvm_rammer.runtime`` on all seven manifests, in a fresh runtime-only
     interpreter: (completed process, rows by manifest name)."""
-    names = ["regenerated", "file", "tuple_transform", "bad_shape", "faulted", "embedded"]
+    names = ["regenerated", "file", "tuple_transform", "bad_shape", "faulted", "embedded",
+             "lstm_apart"]
     out = built / "rows.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tvm_rammer.runtime", *[str(built / f"{n}.json") for n in names],
@@ -141,7 +166,8 @@ def cli_run(built):
     return proc, dict(zip(names, rows))
 
 
-@pytest.mark.parametrize("name", ["regenerated", "file", "tuple_transform", "embedded"])
+@pytest.mark.parametrize("name", ["regenerated", "file", "tuple_transform", "embedded",
+                                  "lstm_apart"])
 def test_the_library_runs_on_the_runtime_alone_and_matches_onnxruntime(cli_run, name):
     proc, rows = cli_run
     row = rows[name]
@@ -149,7 +175,7 @@ def test_the_library_runs_on_the_runtime_alone_and_matches_onnxruntime(cli_run, 
     assert row["reference"] == "onnxruntime" and row["ok"]
     assert row["max_rel_err"] <= 1e-5, row
     assert row["latency_us"] > 0 and row["device"].startswith("cpu")
-    assert sum(line.startswith(MODEL) and " ok" in line for line in proc.stdout.splitlines()) == 4
+    assert sum(" ok" in line for line in proc.stdout.splitlines()) == 5
 
 
 def test_negative_control_a_weights_file_of_another_shape_is_refused(cli_run):
@@ -192,7 +218,9 @@ PROBE = textwrap.dedent("""
     }))
 """)
 
-RUNNER_MODULES = ("tvm_rammer.runtime", "tvm_rammer.models", "tvm_rammer.lease")
+RUNNER_PACKAGES = ("tvm_rammer.runtime", "tvm_rammer.models")  # and everything under them
+RUNNER_MODULES = ("tvm_rammer", "tvm_rammer.version", "tvm_rammer.lease",
+                  "tvm_rammer.lease.manifest", *RUNNER_PACKAGES)
 
 
 def _probe(manifest, env) -> dict:
@@ -207,9 +235,8 @@ def _compiler_side(found: dict) -> list:
     bad = [m for m in found["tvm_modules"]
            if m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule"))]
     bad += [m for m in found["rammer_modules"]
-            if m not in ("tvm_rammer", "tvm_rammer.version", "tvm_rammer.lease.manifest")
-            and not m.startswith(tuple(p + "." for p in RUNNER_MODULES))
-            and m not in RUNNER_MODULES]
+            if m not in RUNNER_MODULES
+            and not m.startswith(tuple(p + "." for p in RUNNER_PACKAGES))]
     return bad + (["libtvm_compiler"] if found["compiler_mapped"] else [])
 
 
@@ -286,7 +313,7 @@ def test_the_page_decoder_agrees_with_tvm_rammer_faults():
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"format": "tvm-rammer-lib/0"}, r"format 'tvm-rammer-lib/0', this runner reads"),
+    ({"format": "tvm-rammer-lib/0"}, r"format 'tvm-rammer-lib/0', expected 'tvm-rammer-lib/1'"),
     ({"library": "absent.so"}, r"the library .*absent.so is missing"),
     ({"weights_file": "absent.npz"}, r"the weights file .*absent.npz is missing"),
     ({"transform": "absent"}, r"has no function 'absent'"),
@@ -358,10 +385,9 @@ def cuda_built(tmp_path_factory):
     with target:
         mod = _module(model, _page(), lambda m: gpu_schedule(relax.transform.LegalizeOps()(m)))
     tvm.compile(mod, target=target).export_library(str(out / "cuda.so"))
-    manifest = {**_manifest(model, "cuda.so"), "device_type": "cuda", "target": str(target),
-                "arch": arch}
-    (out / "cuda.json").write_text(json.dumps(manifest))
-    return out / "cuda.json"
+    manifest = _manifest(mod, model, "cuda.so", device_type="cuda", target=str(target),
+                         arch=arch)
+    return mf.write_manifest(out / "cuda.json", manifest)
 
 
 def _cli_rows(manifest) -> tuple:

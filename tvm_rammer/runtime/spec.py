@@ -1,18 +1,18 @@
 """A lease library's manifest (``NAME.json``, format ``tvm-rammer-lib/1``), read without TVM.
 
 In: the manifest's path. Out: :class:`LibrarySpec`, the fields the runner needs, with the
-library's and the weights file's paths resolved beside the manifest. The format is the one
-``tvm_rammer.lease.manifest`` writes (the contract of issue 31); this reader checks only what
-running needs and says which field is wrong.
+library's and the weights file's paths resolved beside the manifest. ``tvm_rammer.lease.manifest``
+(json and numpy only) writes the format and reads it here; this module adds what running needs
+(the device type, tensor entries as tuples) and says which field is wrong.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT = "tvm-rammer-lib/1"
+from tvm_rammer.lease.manifest import FORMAT, read_manifest
+
 DEVICE_TYPES = ("cuda", "cpu")
 
 __all__ = ["FORMAT", "TensorSpec", "LibrarySpec", "read_spec"]
@@ -74,24 +74,12 @@ def _tensors(raw, field: str, path: Path, named: bool) -> tuple:
 
 
 def read_spec(path) -> LibrarySpec:
-    """Read and check the manifest at ``path``; ValueError naming the field and the fix."""
+    """Read and check the manifest at ``path`` (``tvm_rammer.lease.manifest.read_manifest``, then
+    what running needs); ValueError naming the field and the fix."""
     path = Path(path).resolve()
     if not path.is_file():
         raise ValueError(f"no manifest at {path}: pass the NAME.json written beside the library")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not JSON ({err}): pass the NAME.json written beside the "
-                         "library") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{path}: format {found!r}, this runner reads {FORMAT!r}: rebuild the "
-                         "library with this version of tvm-rammer")
-    missing = [k for k in ("library", "device_type", "inputs", "raw_weights", "weights", "outputs")
-               if k not in data]
-    if missing:
-        raise ValueError(f"{path}: missing {', '.join(missing)}: the manifest is incomplete; "
-                         "rebuild the library")
+    data = read_manifest(path)
     if data["device_type"] not in DEVICE_TYPES:
         raise ValueError(f"{path}: device_type {data['device_type']!r}, expected one of "
                          f"{DEVICE_TYPES}")
