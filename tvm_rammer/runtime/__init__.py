@@ -6,8 +6,9 @@ it names with NumPy and ONNX). Out: outputs, the fault page's verdict, median la
 against onnxruntime.
 
 Imports only NumPy, TVM's runtime (``tvm.runtime``, ``tvm_ffi``), the standard library, ONNX and
-onnxruntime (for the reference), ``tvm_rammer.models`` and nothing else of tvm_rammer, so it works
-with ``TVM_USE_RUNTIME_LIB=1`` and on a TVM without its compiler library::
+onnxruntime (for the reference), ``tvm_rammer.models`` and ``tvm_rammer.lease.manifest`` (the
+format's reader) and nothing else of tvm_rammer, so it works with ``TVM_USE_RUNTIME_LIB=1`` and on
+a TVM without its compiler library::
 
     lib = tvm_rammer.runtime.load("alexnet.json")      # device from the manifest
     outputs = lib.run()                                 # seeded inputs, fault page checked
