@@ -412,3 +412,46 @@ def test_a_cuda_library_without_a_cuda_device_is_its_error_row(cuda_built):
     proc, (row,) = _cli_rows(cuda_built)
     assert proc.returncode == 1 and row["model"] == MODEL
     assert re.search(r"CUDA runtime library .* does not load|no cuda device", row["error"])
+
+
+def _topk_model():
+    """TopK (k=3) of x[2, 8]: on llvm TVM calls tvm.contrib.sort.topk of libtvm_runtime_extra,
+    which ``import tvm`` does not load under TVM_USE_RUNTIME_LIB=1."""
+    from onnx import TensorProto, helper
+
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [3])
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1)], "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 3])], initializer=[k])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_library_calling_tvms_runtime_extra_runs_and_an_onnx_file_is_its_reference(tmp_path):
+    """A library without a zoo model (manifest model null, weights embedded) is compared with the
+    ONNX file given by --onnx; its TopK needs libtvm_runtime_extra, which the runner loads."""
+    import onnx
+
+    model = _topk_model()
+    onnx.save(model, tmp_path / "topk.onnx")
+    mod = from_onnx(model, keep_params_in_input=False)
+    tvm.compile(mod, target="llvm").export_library(str(tmp_path / "topk.so"))
+    bare = ("import sys, numpy, tvm; from tvm.runtime.vm import VirtualMachine; "
+            "vm = VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu()); "
+            "vm['main'](tvm.runtime.tensor(numpy.zeros((2, 8), 'float32')))")
+    control = subprocess.run([sys.executable, "-c", bare, str(tmp_path / "topk.so")],
+                             env=_runtime_only_env(), capture_output=True, text=True, timeout=300)
+    assert "tvm.contrib.sort.topk" in control.stderr  # control: TVM alone does not load it
+    inputs, outputs = mf.graph_io(model)
+    mf.write_manifest(tmp_path / "topk.json", mf.make_manifest(
+        "topk.so", pipeline="default", target="llvm", arch=None, device_type="cpu",
+        inputs=inputs, raw=[], weights=[], transform=None, outputs=outputs, fault_page=False))
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "-m", "tvm_rammer.runtime", str(tmp_path / "topk.json"),
+                           "--runs", "10", "--onnx", str(tmp_path / "topk.onnx"), "--json",
+                           str(out)], cwd=ROOT, env=_runtime_only_env(), capture_output=True,
+                          text=True, timeout=300)
+    (row,) = json.loads(out.read_text())["results"]
+    assert proc.returncode == 0 and row["ok"] and row["max_rel_err"] == 0.0, (row, proc.stderr)
+    assert row["model"] == "topk"

@@ -15,24 +15,41 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
-__all__ = ["load_cuda_runtime", "device_for"]
+__all__ = ["load_cuda_runtime", "load_runtime_extra", "device_for"]
+
+
+def _load_sidecar(name: str):
+    """``lib<name>.so`` beside libtvm_runtime, loaded once as TVM's backend hooks load it."""
+    from tvm.base import _LOADED_LIBS
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    if name not in _LOADED_LIBS:
+        runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+        _LOADED_LIBS[name] = load_lib_ctypes(package="tvm", target_name=name,
+                                             extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL")
+    return _LOADED_LIBS[name]
+
+
+def load_runtime_extra() -> None:
+    """Load ``libtvm_runtime_extra`` where it exists (TVM's CPU sort/top-k and random kernels,
+    which an llvm library may call; ``import tvm`` loads it only with the compiler)."""
+    try:
+        _load_sidecar("tvm_runtime_extra")
+    except (OSError, RuntimeError):
+        pass  # a TVM without it: libraries that need none of it still run
 
 
 def load_cuda_runtime() -> None:
     """Load ``libtvm_runtime_cuda`` once; ValueError saying why when it cannot load (no CUDA
     driver's libcuda.so.1, or a TVM built without CUDA)."""
-    from tvm.base import _LOADED_LIBS
-    from tvm_ffi.libinfo import load_lib_ctypes
-
-    if "tvm_runtime_cuda" in _LOADED_LIBS or tvm_ffi.get_global_func(
-            "device_api.cuda", allow_missing=True) is not None:
+    if tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None:
         return
-    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
     try:
-        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
-            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir],
-            mode="RTLD_LOCAL")
+        _load_sidecar("tvm_runtime_cuda")
     except (OSError, RuntimeError) as err:
+        from tvm.base import _LOADED_LIBS
+
+        runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
         raise ValueError(f"TVM's CUDA runtime library (libtvm_runtime_cuda beside {runtime_dir}) "
                          f"does not load: {err}. Run CUDA libraries on a host with a CUDA driver "
                          "and a TVM built with CUDA (libraries built for llvm run on the CPU)"
@@ -41,7 +58,8 @@ def load_cuda_runtime() -> None:
 
 def device_for(device_type: str, index: int = 0):
     """``tvm.cuda(index)`` (loading the CUDA runtime first) or ``tvm.cpu(index)``; ValueError
-    when no such device is visible."""
+    when no such device is visible. TVM's runtime sidecar libraries are loaded first."""
+    load_runtime_extra()
     if device_type == "cuda":
         load_cuda_runtime()
         dev = tvm.cuda(index)
