@@ -255,6 +255,21 @@ def test_llama_decode_matches_numpy(llama, position):
                                    atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["gpt2_decode", "llama_decode"])
+def test_index_copy_cache_write_computes_the_same_step(name):
+    """cache_write="scatter_elements" (index_copy_'s export) = the ScatterND model, same weights."""
+    nd = get_model(name, **REDUCED[name])
+    elements = get_model(name, cache_write="scatter_elements", **REDUCED[name])
+    used = {n.op_type for n in elements.graph.node}
+    assert "ScatterElements" in used and "ScatterND" not in used
+    feeds = _decode_feeds(nd, token=9, position=REDUCED[name]["max_len"] - 2)
+    want = _ort(nd, feeds)
+    for out, value in _ort(elements, feeds).items():
+        np.testing.assert_array_equal(value, want[out])
+    with pytest.raises(ValueError, match=r"cache_write='copy': use one of scatter_nd, scatter_"):
+        get_model(name, cache_write="copy")
+
+
 def test_reference_fails_on_another_position(gpt2):
     """Negative control of the references: the step at position 5 is not the one at 6."""
     feeds = _decode_feeds(gpt2, token=7, position=5)

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from ._builder import GraphBuilder
 
 F32_MIN = float(np.finfo(np.float32).min)
+CACHE_WRITES = ("scatter_nd", "scatter_elements")
 
 
 class _Builder(GraphBuilder):
@@ -93,15 +94,27 @@ def _check(name, layers, d_model, heads, **more):
             raise ValueError(f"{name}: {key}={value} must be positive")
 
 
-def _cache_step(g, past, new, position, n_heads):
-    """``past`` [B, n, L, hd] with ``new`` [B, n, 1, hd] written at slot ``position`` (ScatterND
-    with indices [B, n, 1, 3] = (b, h, position)), as an exported index_put writes it."""
+def _cache_step(g, past, new, position, n_heads, head_dim, cache_write):
+    """``past`` [B, n, L, hd] with ``new`` [B, n, 1, hd] written at slot ``position``:
+    ``scatter_nd``: ScatterND with indices [B, n, 1, 3] = (b, h, position), as an exported
+    ``cache[:, :, position] = new`` (index_put) is; ``scatter_elements``: ScatterElements on axis 2
+    with the position expanded to [B, n, 1, hd], as an exported ``cache.index_copy_(2, position,
+    new)`` (HF's StaticCache.update) is."""
+    if cache_write == "scatter_elements":
+        shape = [g.batch, n_heads, 1, head_dim]
+        index = g.node("Expand", [g.reshape(position, [1, 1, 1, 1]), g.ints(shape, "shape")])
+        return g.node("ScatterElements", [past, index, new], axis=2)
     base = np.zeros((g.batch, n_heads, 1, 3), dtype=np.int64)
     base[:, :, 0, 0] = np.arange(g.batch)[:, None]
     base[:, :, 0, 1] = np.arange(n_heads)
     slot = g.mul(position, g.ints([0, 0, 1], "slot_axis"))  # [1] * [3] -> (0, 0, p)
     indices = g.add(g.const(base, "cache_idx"), slot)
     return g.node("ScatterND", [past, indices, new])
+
+
+def _check_cache_write(cache_write):
+    if cache_write not in CACHE_WRITES:
+        raise ValueError(f"cache_write={cache_write!r}: use one of {', '.join(CACHE_WRITES)}")
 
 
 def _decode_mask(g, position, max_len):
@@ -131,13 +144,16 @@ def _gelu_tanh(g, x):
     return g.mul(g.mul(x, g.scalar(0.5, "half")), g.add(g.tanh(inner), g.scalar(1.0, "one")))
 
 
-def gpt2_decode(layers=12, d_model=768, heads=12, vocab=50257, max_len=1024, batch=1, seed=0):
+def gpt2_decode(layers=12, d_model=768, heads=12, vocab=50257, max_len=1024,
+                cache_write="scatter_nd", batch=1, seed=0):
     """One GPT-2 decode step with a static KV cache (GPT-2 small by default).
 
     Source: HF transformers' GPT2LMHeadModel (token + learned position embeddings, pre-LayerNorm
     blocks with a fused QKV MatMul + Split, tanh-GELU MLP, final LayerNorm, LM head tied to the token
     embedding: MatMul by its Transpose). Inputs and outputs: see the module docstring.
+    ``cache_write``: "scatter_nd" (index_put's export) or "scatter_elements" (index_copy_'s).
     """
+    _check_cache_write(cache_write)
     _check("gpt2_decode", layers, d_model, heads, vocab=vocab, max_len=max_len, batch=batch)
     d, hd = d_model, d_model // heads
     g = _Builder("gpt2_decode", seed, batch)
@@ -152,8 +168,8 @@ def gpt2_decode(layers=12, d_model=768, heads=12, vocab=50257, max_len=1024, bat
         past_v = g.input(f"past_value_{i}", [batch, heads, max_len, hd])
         qkv = g.linear(g.layer_norm(x, d, 1e-5), d, 3 * d)
         q, k, v = g.node("Split", [qkv, g.ints([d, d, d], "split")], n_outputs=3, axis=2)
-        key = _cache_step(g, past_k, g.heads(k, heads, hd), pos, heads)
-        value = _cache_step(g, past_v, g.heads(v, heads, hd), pos, heads)
+        key = _cache_step(g, past_k, g.heads(k, heads, hd), pos, heads, hd, cache_write)
+        value = _cache_step(g, past_v, g.heads(v, heads, hd), pos, heads, hd, cache_write)
         att = _attend(g, g.heads(q, heads, hd), key, value, mask, hd, divide=True)
         x = g.add(x, g.linear(g.merge_heads(att, d), d, d))
         h = _gelu_tanh(g, g.linear(g.layer_norm(x, d, 1e-5), d, 4 * d))
@@ -198,14 +214,16 @@ def rope_tables(max_len, head_dim, theta):
 
 
 def llama_decode(layers=16, d_model=2048, heads=32, kv_heads=8, d_ff=8192, vocab=128256,
-                 max_len=1024, rope_theta=500000.0, batch=1, seed=0):
+                 max_len=1024, rope_theta=500000.0, cache_write="scatter_nd", batch=1, seed=0):
     """One Llama decode step with a static KV cache (Llama-3.2-1B's shape by default, max_len 1024).
 
     Source: HF transformers' LlamaForCausalLM (RMSNorm, rotary embeddings from cos/sin tables
     Gathered at the position, grouped-query attention with ``kv_heads`` cache heads repeated to
     ``heads``, SiLU-gated MLP written x * Sigmoid(x), LM head tied to the embedding as in
     Llama-3.2-1B). Inputs and outputs: see the module docstring (caches [B, kv_heads, L, hd]).
+    ``cache_write`` as for :func:`gpt2_decode`.
     """
+    _check_cache_write(cache_write)
     _check("llama_decode", layers, d_model, heads, kv_heads=kv_heads, d_ff=d_ff, vocab=vocab,
            max_len=max_len, batch=batch)
     if heads % kv_heads:
@@ -230,8 +248,8 @@ def llama_decode(layers=16, d_model=2048, heads=32, kv_heads=8, d_ff=8192, vocab
         k = _rotate(g, g.heads(g.linear(h, d, kv_heads * hd, bias=False), kv_heads, hd), cos, sin,
                     hd // 2)
         v = g.heads(g.linear(h, d, kv_heads * hd, bias=False), kv_heads, hd)
-        key = _cache_step(g, past_k, k, pos, kv_heads)
-        value = _cache_step(g, past_v, v, pos, kv_heads)
+        key = _cache_step(g, past_k, k, pos, kv_heads, hd, cache_write)
+        value = _cache_step(g, past_v, v, pos, kv_heads, hd, cache_write)
         n_rep = heads // kv_heads
         att = _attend(g, q, _repeat_kv(g, key, kv_heads, n_rep, max_len, hd),
                       _repeat_kv(g, value, kv_heads, n_rep, max_len, hd), mask, hd, divide=False)
