@@ -45,6 +45,7 @@ from tvm import relax
 from .branch_fusion import (INJECTIVE, OUT_EWISE_FUSABLE, _emit_group_function, _fusable_call,
                             _group_name, _op_pattern)
 from .dataflow_graph import DataflowGraph
+from .lift_weights import weight_params
 from .unused_bindings import remove_unused_bindings
 
 MAX_RECOMPUTE = 2.0
@@ -108,7 +109,8 @@ def find_tails(graph):
     eligible = {node.index for node in graph.nodes if _tail_member(node, mod)}  # asked again and again
     taken, tails = set(), []
     seeds = [t for node in graph.nodes if node.kind == "call_tir" for t in node.outputs]
-    seeds = [t for t in graph.func.params for t in [graph.tensor_of_expr(t)]] + seeds
+    weights = set(weight_params(graph.func))  # weights kept apart seed nothing, as constants
+    seeds = [graph.tensor_of_expr(t) for t in graph.func.params if t not in weights] + seeds
     for tensor in seeds:
         readers = _readers(graph, tensor)
         if len(readers) < 2 or any(r in taken or r not in eligible for r in readers):

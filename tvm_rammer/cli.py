@@ -222,6 +222,17 @@ def cmd_compile(args) -> int:
     if warning:
         print(f"tvm-rammer: warning: {warning}", file=sys.stderr)  # said before the long compile
 
+    if args.weights_apart:  # code only: the manifest and the raw weights beside it
+        from .lease.manifest import build_library
+        info = _timed(args, lambda extra: build_library(
+            args.model, pipeline=args.pipeline, config=_config(args), target=target,
+            out=args.output))
+        cuda = {True: " (CUDA: binary)", False: " (CUDA: source, compiled by the GPU host when "
+                "it loads the library)"}.get(info["binary"], "")
+        print(f"wrote {args.output}{cuda}, {info['manifest']} and {info['weights_file']} "
+              f"(transform: {info['transform']})")
+        return 0
+
     def run(extra):
         if args.pipeline == "rammer":
             ex = frontend.compile(args.model, target=target, config=_config(args))
@@ -423,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", default="rammer", choices=["rammer", "default"],
                    help="rammer (default), or TVM's default pipeline for the same target (the "
                         "baseline, built alike)")
+    p.add_argument("--weights-apart", action="store_true",
+                   help="the library holds code only: main takes the weights as arguments, the "
+                        "weight rewrites become its transform_params function; writes NAME.json "
+                        "(manifest) and NAME.weights.npz beside it (tvm_rammer.lease.manifest)")
     _add_emulate_versions(p)
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("inspect", help="print the schedule (needs no GPU)")
