@@ -289,12 +289,24 @@ def test_a_fault_is_raised_once_and_the_page_cleared(built):
     lib.check_fault()  # cleared
 
 
-def test_inputs_are_the_compiler_sides_seeded_inputs(built):
+@pytest.mark.parametrize("name", [MODEL, "gpt2_decode"])
+def test_inputs_are_the_compiler_sides_seeded_inputs(tmp_path, name):
+    """The same arrays as ``runner.random_inputs`` (gpt2_decode: int64 token id and position,
+    then float caches)."""
     from tvm_rammer.runner import random_inputs
+    from tvm_rammer.runtime.reference import seeded_inputs
 
-    lib = runtime.load(built / "regenerated.json")
-    want = random_inputs(get_model(MODEL, **PARAMS), seed=3)
-    np.testing.assert_array_equal(lib.inputs(3)[0], want["input"])
+    model = get_model(name, **REDUCED[name])
+    inputs, outputs = mf.graph_io(model)
+    path = mf.write_manifest(tmp_path / "m.json", mf.make_manifest(
+        "m.so", pipeline="default", target="llvm", arch=None, device_type="cpu", inputs=inputs,
+        raw=[], weights=[], transform=None, outputs=outputs, fault_page=False))
+    want = random_inputs(model, seed=3)
+    got = seeded_inputs(runtime.read_spec(path), seed=3)
+    assert len(got) == len(want) > 0
+    for array, (key, expected) in zip(got, want.items()):
+        assert array.dtype == expected.dtype, key
+        np.testing.assert_array_equal(array, expected)
 
 
 def test_the_page_decoder_agrees_with_tvm_rammer_faults():

@@ -2,7 +2,7 @@
 
 In: a :class:`~tvm_rammer.runtime.spec.LibrarySpec` (and the ONNX model for the reference).
 Out: inputs (``tvm_rammer.runner.random_inputs``' values: one ``default_rng(seed)``, standard
-normal, in the graph's input order), onnxruntime's CPU outputs, and ``relative_error`` /
+normal, integers 0, in the graph's input order), onnxruntime's CPU outputs, and ``relative_error`` /
 tolerances equal to ``tvm_rammer.numerics``' (repeated here: numerics' package needs no compiler,
 but the runner imports nothing of tvm_rammer outside runtime/, models/ and lease.manifest).
 """
@@ -20,9 +20,11 @@ __all__ = ["seeded_inputs", "onnx_reference", "relative_error", "tolerance_of"]
 
 
 def seeded_inputs(spec: LibrarySpec, seed: int = 0) -> list:
-    """One array per manifest input, drawn as ``runner.random_inputs`` draws them."""
+    """One array per manifest input, drawn as ``runner.random_inputs`` draws them: standard
+    normal from one generator, integer inputs (token ids, positions, masks) 0 without a draw."""
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(list(t.shape)).astype(t.dtype) for t in spec.inputs]
+    return [np.zeros(t.shape, t.dtype) if np.issubdtype(np.dtype(t.dtype), np.integer)
+            else rng.standard_normal(list(t.shape)).astype(t.dtype) for t in spec.inputs]
 
 
 def onnx_reference(model, spec: LibrarySpec, inputs: list) -> list:
