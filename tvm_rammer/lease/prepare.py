@@ -191,6 +191,9 @@ def build_one(art: Artifact, libs: Path) -> dict:
     if art.variant == "timeline":
         info["files"].append(_write_schedules(proto, target, config, base, info["weights_apart"]))
     info["seconds"] = round(time.perf_counter() - start, 2)
+    import resource
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # nvcc and the linker
+    info["cpu_s"] = round(time.process_time() + kids.ru_utime + kids.ru_stime, 2)
     return info
 
 
@@ -488,7 +491,8 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
             art, key = futures[fut]
             rec = dict(fut.result(), key=key, variant=art.variant, model=art.model)
             index["artifacts"][art.name] = rec
-            status = f"error: {rec['error']}" if "error" in rec else f"{rec['seconds']} s"
+            status = (f"error: {rec['error']}" if "error" in rec else
+                      f"{rec['seconds']} s ({rec.get('cpu_s', '?')} s CPU)")
             log(f"  built {art.name}: {status}")
             _write_index(out, index)  # a prepare cut short keeps what it built
     index["artifacts"] = {a.name: index["artifacts"][a.name] for a in arts}

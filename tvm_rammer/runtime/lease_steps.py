@@ -174,8 +174,8 @@ def run(lease: Path, out: Path, budget_s: float = BUDGET_S, install_s: float | N
     start = time.monotonic()
     lease, out = Path(lease).resolve(), Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    work = out.parent / (out.name + ".work")
-    work.mkdir(exist_ok=True)
+    import tempfile
+    work = Path(tempfile.mkdtemp(prefix="lease-work-"))  # the children's files; OUT gets the packs
     log_path = out / "run.log"
     (out / "index.json").write_bytes((lease / "index.json").read_bytes())
 
