@@ -15,7 +15,7 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
-__all__ = ["load_cuda_runtime", "load_runtime_extra", "device_for"]
+__all__ = ["load_cuda_runtime", "load_runtime_extra", "load_runtime_for", "device_for"]
 
 
 def _load_sidecar(name: str):
@@ -56,12 +56,19 @@ def load_cuda_runtime() -> None:
                          ) from None
 
 
-def device_for(device_type: str, index: int = 0):
-    """``tvm.cuda(index)`` (loading the CUDA runtime first) or ``tvm.cpu(index)``; ValueError
-    when no such device is visible. TVM's runtime sidecar libraries are loaded first."""
+def load_runtime_for(device_type: str) -> None:
+    """TVM's runtime libraries that a library for ``device_type`` may need: the extra one, and
+    for "cuda" the CUDA one (ValueError when it cannot load)."""
     load_runtime_extra()
     if device_type == "cuda":
         load_cuda_runtime()
+
+
+def device_for(device_type: str, index: int = 0):
+    """``tvm.cuda(index)`` (loading the CUDA runtime first) or ``tvm.cpu(index)``; ValueError
+    when no such device is visible. TVM's runtime sidecar libraries are loaded first."""
+    load_runtime_for(device_type)
+    if device_type == "cuda":
         dev = tvm.cuda(index)
     elif device_type == "cpu":
         dev = tvm.cpu(index)

@@ -17,7 +17,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from . import fault_page
-from .device import device_for
+from .device import device_for, load_runtime_for
 from .reference import onnx_reference, relative_error, seeded_inputs, tolerance_of
 from .spec import LibrarySpec, read_spec
 from .weights import raw_weights, zoo_model
@@ -56,13 +56,18 @@ class Library:
         """``device``: a ``tvm.runtime.Device`` (default: the manifest's device type, index 0);
         ``raw``: the raw weights as arrays (default: :func:`weights.raw_weights`)."""
         self.spec = spec
-        self.device = device_for(spec.device_type) if device is None else device
+        if device is None:
+            device = device_for(spec.device_type)
+        else:
+            load_runtime_for(spec.device_type)  # a device made by the caller: TVM's libraries
+        self.device = device
         if not spec.library.is_file():
             raise ValueError(f"the library {spec.library} is missing: copy it beside "
                              f"{spec.manifest.name}")
         self._model = None
         if raw is None:
-            raw = raw_weights(spec, None if spec.weights_file else self._zoo_model_or_none())
+            regenerate = spec.raw_weights and spec.weights_file is None
+            raw = raw_weights(spec, self._zoo_model_or_none() if regenerate else None)
         self.vm = VirtualMachine(tvm.runtime.load_module(str(spec.library)), self.device)
         self.weights = self._transform([tvm.runtime.tensor(w, self.device) for w in raw])
 
