@@ -133,6 +133,18 @@ def _llvm_manifest(out: str) -> dict:
     return kernels.write_manifest(out, "llvm", None, "cpu", libraries, built)
 
 
+def test_libraries_stop_at_the_size_budget(tmp_path):
+    entries = [KernelEntry(f"r{i}", f"op{i}:tvm_default", _matmul("plain"), f"op{i}", "reference",
+                           None, 1) for i in range(3)]
+    out = str(tmp_path / "lib")
+    libs, built, left = kernels.build_libraries(entries, "llvm", out, None, kernels_per_library=1)
+    assert len(libs) == 3 and left == 0 and [k["key"] for k in built] == ["r0", "r1", "r2"]
+    size = max(lib["bytes"] for lib in libs)
+    libs, built, left = kernels.build_libraries(entries, "llvm", out, 2.5 * size / 2**20, 1)
+    assert len(libs) == 2 and left == 1  # the third would not fit (reused: nothing built again)
+    assert kernels.build_libraries(entries, "llvm", out, 0, 1) == ([], [], 3)
+
+
 def _timing(*args, env=None):
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", **(env or {})}
     return subprocess.run([sys.executable, str(TIMING), *map(str, args)], capture_output=True,
@@ -211,7 +223,8 @@ def _compiled_choice(recorded, tmp_path, monkeypatch, dlight_us, other_us, name)
     assert info["written"] == len(lines) - 1 and info["failed"] == 1
     assert Path(info["path"]).name == "nvidia-h200.json"
     doc = json.loads(Path(info["path"]).read_text())
-    assert doc["format"] == profile_db.FORMAT and list(doc["devices"]) == ["NVIDIA H200 | sm_90 | driver 570.00"]
+    assert doc["format"] == profile_db.FORMAT
+    assert list(doc["devices"]) == ["NVIDIA H200 | sm_90 | driver 570.00"]
     assert json.loads(timed.read_text())["kernels"]["feedbeef00000000"].startswith("timed out")
     # a compile without a GPU reads the shipped database of the target's arch (no user cache)
     monkeypatch.setattr(profile_db, "SHIPPED_DIR", profiles)

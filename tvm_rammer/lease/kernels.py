@@ -319,10 +319,11 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
     os.makedirs(out_dir, exist_ok=True)
     libraries, kernels, total = [], [], 0
     chunks = _chunks(list(entries), kernels_per_library)
+    budget = None if size_budget_mib is None else size_budget_mib * 2**20
     for n, chunk in enumerate(chunks):
-        if size_budget_mib is not None and libraries and \
-                total + libraries[-1]["bytes"] > size_budget_mib * 2**20:
-            return libraries, kernels, sum(len(c) for c in chunks[n:])
+        estimate = total / len(kernels) * len(chunk) if kernels else 0.0  # at this size per kernel
+        if budget is not None and (budget <= 0 or total + estimate > budget):
+            return libraries, kernels, sum(len(c) for c in chunks[n:])  # the next would not fit
         name = _library_name(chunk, spec)
         path, info_path = os.path.join(out_dir, name), os.path.join(out_dir, name + ".info.json")
         start = time.perf_counter()
@@ -338,6 +339,8 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
             with open(info_path, "w", encoding="utf-8") as f:
                 json.dump(built, f)
         size = os.path.getsize(path)
+        if budget is not None and total + size > budget:  # the first one, larger than the budget
+            return libraries, kernels, sum(len(c) for c in chunks[n:])
         total += size
         libraries.append({"library": name, "bytes": size, "kernels": len(chunk),
                           "build_s": built["build_s"], "cuda_format": built.get("cuda_format"),
@@ -393,7 +396,8 @@ def _chunks(entries: list, size: int) -> list:
     for i, entry in enumerate(entries):
         current.append(entry)
         nxt = entries[i + 1] if i + 1 < len(entries) else None
-        if len(current) >= size and (nxt is None or nxt.operator != entry.operator or nxt.role == "reference"):
+        boundary = nxt is None or nxt.operator != entry.operator or nxt.role == "reference"
+        if len(current) >= size and boundary:
             chunks.append(current)
             current = []
     if current:
@@ -449,6 +453,7 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
     libraries, kernels, left = build_libraries(entries, tgt, out_dir, size_budget_mib,
                                                kernels_per_library)
     built = {k["key"] for k in kernels}
+    _remove_stale(out_dir, {lib["library"] for lib in libraries})
     _, device = _source_device(db, arch)
     models_doc = [{"model": rec.model, "name": rec.name, "decisive": rec.decisive,
                    "measured": len(rec.measured), "to_time": len(rec.jobs),
@@ -456,6 +461,15 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
                   for rec, es, value in per_model]
     return write_manifest(out_dir, str(target), arch, tgt.kind.name, libraries, kernels, models_doc,
                           left + len(cut), device.key if device is not None else None, key)
+
+
+def _remove_stale(out_dir: str, keep: set) -> None:
+    """Remove the libraries of earlier prepares that the new manifest does not list (all of
+    ``out_dir`` travels to the GPU host)."""
+    for path in Path(out_dir).glob("kernels-*.so"):
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
+            Path(f"{path}.info.json").unlink(missing_ok=True)
 
 
 def _read_manifest(out_dir: str) -> dict | None:
