@@ -286,6 +286,19 @@ def test_report_default_folder_is_named_by_date_and_commit(tmp_path, monkeypatch
     assert out == tmp_path / "benchmarks" / "results" / "gpu-2026-12-02-def5678"
 
 
+def test_prepare_starts_no_build_past_its_time_limit(tmp_path):
+    lines = []
+    spec = lease_prepare.LeaseSpec(out=str(tmp_path / ".lease"), models=("two_branch",),
+                                   reduced=True, cpu_check=True, bundle=False,
+                                   time_limit_s=1e-6)
+    index = lease_prepare.prepare(spec, log=lines.append)
+    assert index["artifacts"] and all(r["error"].startswith("not built")
+                                      for r in index["artifacts"].values())
+    assert lease_steps.steps(tmp_path / ".lease")[1:] == [] or all(
+        not s["libraries"] for s in lease_steps.steps(tmp_path / ".lease")[1:])
+    assert lines[-1].startswith("travel: ") and any("next prepare" in ln for ln in lines)
+
+
 def test_source_hash_ignores_the_lease_and_runtime_code_but_not_the_compiler(tmp_path):
     for rel in ("tvm_rammer/a.py", "tvm_rammer/lease/prepare.py", "tvm_rammer/lease/manifest.py",
                 "tvm_rammer/runtime/x.py", "relay_passes/p.py"):

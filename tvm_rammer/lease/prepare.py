@@ -69,6 +69,7 @@ class LeaseSpec:
     cpu_check: bool = False
     jobs: int = 2
     build_timeout_s: float = 900.0
+    time_limit_s: float | None = 1800.0  # no build starts past it (the rest: the next prepare)
 
 
 @dataclass(frozen=True)
@@ -484,21 +485,38 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
         f"(target {'llvm (cpu check)' if spec.cpu_check else spec.target})")
     if spec.bundle:  # first: small, and what every run needs
         index["bundle"] = bundle(out, log)
+    deadline = start + spec.time_limit_s if spec.time_limit_s else None
     with concurrent.futures.ThreadPoolExecutor(max(1, spec.jobs)) as pool:
-        futures = {pool.submit(_build_in_child, art, libs, spec.build_timeout_s): (art, key)
-                   for art, key in todo}
-        for fut in concurrent.futures.as_completed(futures):
-            art, key = futures[fut]
-            rec = dict(fut.result(), key=key, variant=art.variant, model=art.model)
-            index["artifacts"][art.name] = rec
-            status = (f"error: {rec['error']}" if "error" in rec else
-                      f"{rec['seconds']} s ({rec.get('cpu_s', '?')} s CPU)")
-            log(f"  built {art.name}: {status}")
-            _write_index(out, index)  # a prepare cut short keeps what it built
+        queue, running = list(todo), {}
+        while queue or running:
+            while queue and len(running) < max(1, spec.jobs):
+                art, key = queue.pop(0)
+                if deadline is not None and time.perf_counter() > deadline:
+                    index["artifacts"][art.name] = {
+                        "error": "not built: prepare's time limit (run prepare again: it "
+                                 "continues)", "key": key, "variant": art.variant,
+                        "model": art.model, "files": []}
+                    continue
+                running[pool.submit(_build_in_child, art, libs, spec.build_timeout_s)] = (art, key)
+            if not running:
+                break
+            done, _ = concurrent.futures.wait(running,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                art, key = running.pop(fut)
+                rec = dict(fut.result(), key=key, variant=art.variant, model=art.model)
+                index["artifacts"][art.name] = rec
+                status = (f"error: {rec['error']}" if "error" in rec else
+                          f"{rec['seconds']} s ({rec.get('cpu_s', '?')} s CPU)")
+                log(f"  built {art.name}: {status}")
+                _write_index(out, index)  # a prepare cut short keeps what it built
     index["artifacts"] = {a.name: index["artifacts"][a.name] for a in arts}
     _clean_stale(libs, index)
     _write_index(out, index)
-    if spec.kernels and not spec.cpu_check:
+    late = deadline is not None and time.perf_counter() > deadline
+    if late and spec.kernels and not spec.cpu_check:
+        log("kernels: prepare's time limit reached: no kernel-version libraries this time")
+    if spec.kernels and not spec.cpu_check and not late:
         from tvm_rammer.runtime.lease_steps import BUDGET_S, steps
         from .plan import INSTALL_S
         busy = INSTALL_S + sum(s["estimate_s"] or 0 for s in steps(out))
@@ -508,7 +526,11 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
     lease, tree = folder_mib(out), tree_mib()
     index["travel_mib"] = round(lease + tree, 1)
     _write_index(out, index)
-    failed = [n for n, r in index["artifacts"].items() if "error" in r]
+    left = [n for n, r in index["artifacts"].items() if r.get("error", "").startswith("not built")]
+    failed = [n for n, r in index["artifacts"].items() if "error" in r and n not in left]
+    if left:
+        log(f"prepare: {len(left)} not built within the time limit (the next prepare builds "
+            f"them): {', '.join(left)}")
     if failed:
         log(f"prepare: {len(failed)} failed (run leaves them out): {', '.join(failed)}")
     log(f"prepare: {index['prepare_s']} s; .lease {lease:.1f} MiB + working tree {tree:.1f} MiB")
@@ -559,6 +581,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-check", action="store_true",
                    help="llvm libraries of the same form, for `run` on this machine")
     p.add_argument("--jobs", type=int, default=2, help="builds at once (default: %(default)s)")
+    p.add_argument("--time-limit", type=float, default=1800.0, metavar="SECONDS",
+                   help="start no build past this many seconds (0: none); what is left is built "
+                        "by the next prepare, in order of value (default: %(default)s)")
     return p.parse_args(argv)
 
 
@@ -574,7 +599,8 @@ def spec_of(args) -> LeaseSpec:
                      reduced=True if args.reduced == "all" else names(args.reduced),
                      demo=not args.no_demo, timelines=names(args.timelines),
                      bundle=not args.no_bundle, kernels=not args.no_kernels,
-                     cpu_check=args.cpu_check, jobs=args.jobs)
+                     cpu_check=args.cpu_check, jobs=args.jobs,
+                     time_limit_s=args.time_limit or None)
 
 
 def main(argv=None) -> int:
@@ -588,7 +614,8 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"gpu_lease.sh prepare: error: {err}", file=sys.stderr)
         return 2
-    return 1 if any("error" in r for r in index["artifacts"].values()) else 0
+    return 1 if any("error" in r and not r["error"].startswith("not built")
+                    for r in index["artifacts"].values()) else 0
 
 
 if __name__ == "__main__":
