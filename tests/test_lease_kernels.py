@@ -277,3 +277,19 @@ def test_the_lease_hook_names_the_timing_module_and_its_manifest(tmp_path, monke
     assert entry["module"] == "tvm_rammer.runtime.kernel_timing" and entry["kernels"] == 100
     assert entry["args"][0] == os.path.join(".lease", "kernels", "kernels.json")  # from the lease's parent
     assert entry["estimate_s"] == 100 * 0.2 + 10 and entry["mib"] == 1.0
+
+
+def test_the_import_command_writes_the_profile_and_the_state_command_counts_it(tmp_path, capsys):
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"key": "a", "role": "reference", "kernel_us": 2.0, "valid": True,
+                                   "error": 0.0}) + "\n")
+    facts = tmp_path / "device.json"
+    facts.write_text(json.dumps(H200))
+    profiles = tmp_path / "profiles"
+    assert kernel_results.main(["import", str(results), str(facts), "--profiles", str(profiles)]) == 0
+    manifest = tmp_path / "kernels.json"
+    manifest.write_text(json.dumps({"models": [{"name": "m", "decisive": ["a", "b"]}]}))
+    capsys.readouterr()
+    assert kernel_results.main(["state", str(manifest), "--facts", str(facts),
+                                "--profiles", str(profiles)]) == 0
+    assert "| m | 2 | 1 | 1 | 1 |" in capsys.readouterr().out

@@ -35,7 +35,7 @@ from .kernels import LEASE_KERNEL_S, SECONDS_PER_KERNEL, TIMED
 
 __all__ = ["import_results", "device_id", "profile_path", "seconds_per_kernel",
            "kernels_per_lease", "leases_needed", "state_table", "state_markdown",
-           "SECONDS_PER_KERNEL", "LEASE_KERNEL_S"]
+           "SECONDS_PER_KERNEL", "LEASE_KERNEL_S", "main"]
 
 OWN_FAILURES = ("run failed", "timed out")  # the kernel's own: not asked again
 
@@ -210,3 +210,43 @@ def state_markdown(rows: Sequence[dict], per_lease: int | None = None) -> str:
     lines += [f"| {r['model']} | {r['decisive']} | {r['measured']} | {r['left']} | {r['leases_left']} |"
               for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python3 -m tvm_rammer.lease.kernel_results import RESULTS FACTS [--profiles DIR]
+    [--timed PATH]`` (prints the import's summary) or ``state MANIFEST [--facts FACTS]`` (prints
+    the per-model state table, measured counted in the shipped profile of that device)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python3 -m tvm_rammer.lease.kernel_results")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    imp = sub.add_parser("import", help="a lease's kernel results into the device's shipped profile")
+    imp.add_argument("results", help="kernel_results.jsonl of the lease")
+    imp.add_argument("facts", help="the lease's device facts (JSON: name, arch, driver)")
+    imp.add_argument("--profiles", default=str(SHIPPED_DIR))
+    imp.add_argument("--timed", default=None, help="timed.json to update (the prepare's kernels/)")
+    state = sub.add_parser("state", help="per model: decisive kernels, measured, leases left")
+    state.add_argument("manifest", help="kernels.json of a prepare")
+    state.add_argument("--facts", default=None, help="device facts: count its shipped records")
+    state.add_argument("--profiles", default=str(SHIPPED_DIR))
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "import":
+            print(json.dumps(import_results(args.results, args.facts, args.profiles, args.timed)))
+            return 0
+        with open(args.manifest, encoding="utf-8") as f:
+            manifest = json.load(f)
+        db = device = None
+        if args.facts:
+            device = device_id(args.facts)
+            path = profile_path(device, args.profiles)
+            db = JsonProfileDB(str(path)) if path.exists() else JsonProfileDB()
+        print(state_markdown(state_table(manifest, db, device)), end="")
+    except (OSError, ValueError) as err:
+        print(f"kernel_results: {err}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
