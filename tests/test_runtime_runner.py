@@ -324,6 +324,17 @@ def test_the_page_decoder_agrees_with_tvm_rammer_faults():
         assert fault_page.message(record, 250.0) == faults.message(record, 250.0)
 
 
+def _changed(built, tmp_path, name: str, change: dict):
+    """``built/name.json`` with ``change``, written in ``tmp_path`` (paths made absolute)."""
+    data = {**json.loads((built / f"{name}.json").read_text()), **change}
+    for key in ("library", "weights_file"):
+        if data[key] and key not in change:
+            data[key] = str(built / data[key])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
 @pytest.mark.parametrize("change, match", [
     ({"format": "tvm-rammer-lib/0"}, r"format 'tvm-rammer-lib/0', expected 'tvm-rammer-lib/1'"),
     ({"library": "absent.so"}, r"the library .*absent.so is missing"),
@@ -336,22 +347,41 @@ def test_the_page_decoder_agrees_with_tvm_rammer_faults():
     ({"device_type": "rocm"}, r"device_type 'rocm', expected one of"),
 ])
 def test_a_wrong_manifest_is_one_clear_error(built, tmp_path, change, match):
-    data = {**json.loads((built / "file.json").read_text()), **change}
-    for key in ("library", "weights_file"):  # paths relative to the manifest
-        if data[key] and key not in change:
-            data[key] = str(built / data[key])
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=match):
-        runtime.load(path)
+        runtime.load(_changed(built, tmp_path, "file", change))
+
+
+@pytest.mark.parametrize("name, change, call, match", [
+    ("file", {"outputs": [{"shape": [4, 9], "dtype": "float32"}]}, "run",
+     r"main's outputs are \['float32\[4, 8\]'\], .* says \['float32\[4, 9\]'\]"),
+    ("embedded", {"fault_page": True}, "run", r"has no rammer_fault_page although"),
+    ("file", {}, "run_without_inputs", r"0 inputs given, two_branch takes \['input'\]"),
+    ("file", {"model": None}, "compare", r"names no zoo model: pass the ONNX model"),
+])
+def test_a_wrong_call_or_manifest_is_one_clear_error_when_running(built, tmp_path, name, change,
+                                                                   call, match):
+    lib = runtime.load(_changed(built, tmp_path, name, change))
+    action = {"run": lambda: lib.run(), "run_without_inputs": lambda: lib.run([]),
+              "compare": lambda: lib.compare()}[call]
+    with pytest.raises(ValueError, match=match):
+        action()
+
+
+def test_a_page_of_another_layout_and_a_refused_launch_are_one_clear_error():
+    from tvm_rammer.runtime.library import _launch_error
+
+    with pytest.raises(ValueError, match=r"not a tvm-rammer fault page \(16 words ending in"):
+        fault_page.describe(np.zeros(16, "int32"))
+    err = _launch_error(RuntimeError("CUDA: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"))
+    assert isinstance(err, ValueError) and "rebuild it for this GPU's target" in str(err)
+    other = RuntimeError("something else")
+    assert _launch_error(other) is other
 
 
 def test_a_cuda_library_without_a_cuda_driver_is_one_clear_error(built, tmp_path):
     if GPU:
         pytest.skip("a CUDA device is visible here")
-    data = {**json.loads((built / "file.json").read_text()), "device_type": "cuda"}
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps(data))
+    path = _changed(built, tmp_path, "file", {"device_type": "cuda"})
     with pytest.raises(ValueError, match=r"(CUDA runtime library .* does not load|no cuda device)"):
         runtime.load(path)
 
