@@ -456,3 +456,15 @@ def test_a_model_past_the_check_limit_is_checked_without_its_weights(monkeypatch
         frontend.import_onnx(broken)
     monkeypatch.setattr(frontend, "CHECK_WEIGHTS_BELOW", 1 << 30)
     assert frontend._checkable(gpt2) is gpt2
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lean_build_writes_what_graph_builder_writes(name, monkeypatch):
+    """The transformers' build (weights moved, not copied: Llama-3.2-1B's shape is 5 GB) gives
+    GraphBuilder.build's model byte for byte."""
+    from tvm_rammer.models import transformers
+    from tvm_rammer.models._builder import GraphBuilder
+
+    lean = get_model(name, **REDUCED[name]).SerializeToString()
+    monkeypatch.setattr(transformers._Builder, "build", GraphBuilder.build)
+    assert get_model(name, **REDUCED[name]).SerializeToString() == lean

@@ -43,8 +43,7 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` itself, or when its initializers hold more than ``CHECK_WEIGHTS_BELOW`` bytes, a
     copy whose large initializers are graph inputs of their type and shape (the graph, its
     operators and shapes are checked; the weights' values are not needed for that)."""
-    sizes = [len(t.raw_data) if t.HasField("raw_data") else t.ByteSize()
-             for t in proto.graph.initializer]
+    sizes = [t.ByteSize() for t in proto.graph.initializer]  # (no copy of raw_data's bytes)
     if sum(sizes) <= CHECK_WEIGHTS_BELOW:
         return proto
     light = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import,

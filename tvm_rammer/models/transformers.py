@@ -23,9 +23,10 @@ writes external data past ONNX's 2 GiB protobuf limit.
 """
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper
 
-from ._builder import GraphBuilder
+from ._builder import IR_VERSION, OPSET, GraphBuilder
 
 F32_MIN = float(np.finfo(np.float32).min)
 CACHE_WRITES = ("scatter_nd", "scatter_elements")
@@ -38,6 +39,32 @@ class _Builder(GraphBuilder):
     def __init__(self, name, seed, batch):
         super().__init__(name, seed)
         self.batch = batch
+
+    def build(self, outputs):
+        """GraphBuilder.build's model, made without copying the weights more than once (its
+        make_graph / make_model / shape-inference copies would hold Llama-3.2-1B's 5 GB four
+        times): the initializers move into the model one by one, shapes are inferred on the
+        graph alone with the float weights declared as inputs (the integer constants kept: Reshape
+        shapes and the like)."""
+        model = helper.make_model(
+            helper.make_graph(self.nodes, self.name, self.inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                               for o in outputs]),
+            opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tvm_rammer.models")
+        model.ir_version = IR_VERSION
+        light = onnx.ModelProto()
+        light.CopyFrom(model)
+        floats = [t for t in self.initializers if t.data_type == TensorProto.FLOAT]
+        light.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                 for t in floats)
+        light.graph.initializer.extend(t for t in self.initializers  # shapes, axes, indices
+                                       if t.data_type != TensorProto.FLOAT)
+        shapes = {v.name: v for v in onnx.shape_inference.infer_shapes(light).graph.output}
+        del model.graph.output[:]
+        model.graph.output.extend(shapes[o] for o in outputs)
+        while self.initializers:
+            model.graph.initializer.append(self.initializers.pop(0))
+        return model
 
     def int_input(self, name, shape):
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, list(shape)))
