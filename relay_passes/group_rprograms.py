@@ -38,6 +38,9 @@ class RProgramCall:
         outputs: ``DataflowGraph`` tensors read outside the rProgram, one call_tir output each.
         extra_outputs: TensorTypes of the outputs nobody reads outside (work arena, step state).
         level: the dataflow level of its first operator (where it is emitted).
+        packs: ``(position in args, PrimFunc, its arguments, its output TensorType)`` per argument
+            computed by a call of its own, emitted just before the rProgram (weights kept apart:
+            the constants blob packed from the weight parameters; the arg there is a placeholder).
     """
 
     name: str
@@ -47,6 +50,7 @@ class RProgramCall:
     outputs: tuple
     extra_outputs: tuple
     level: int
+    packs: tuple = ()
 
 
 def _static_shape(tensor) -> tuple:
@@ -150,6 +154,10 @@ class _Rewriter(relax.PyExprMutator):
         bb = self.builder_
         gv = bb.add_func(rp.func, rp.name)
         args = [self.visit_expr(e) for e in rp.args]
+        for pos, func, pack_args, out_ty in rp.packs:
+            pack = bb.add_func(func, f"{rp.name}_pack_weights")
+            args[pos] = bb.emit(relax.call_tir(pack, relax.Tuple([self.visit_expr(e) for e in pack_args]),
+                                               out_ty), name_hint=f"{rp.name}_weights")
         out_sinfo = [relax.TensorType(_static_shape(t), t.dtype) for t in rp.outputs]
         out_sinfo += list(rp.extra_outputs)
         call = bb.emit(relax.call_tir(gv, relax.Tuple(args), out_sinfo), name_hint=rp.name)

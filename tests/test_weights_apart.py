@@ -20,10 +20,12 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from relay_passes.lift_weights import TRANSFORM_NAME, lift_weight_transforms
+from tvm_rammer.codegen.tensors import pack_func
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.frontend import import_onnx, lower
 from tvm_rammer.launches import count_launches
@@ -150,17 +152,53 @@ def test_the_rewrites_fire_with_the_weights_apart(built):
         assert not any(n.startswith("interleave") for n in main_apart)
 
 
+def _persistent(mod) -> dict:
+    return {gv.name_hint: f for gv, f in mod.functions_items()
+            if gv.name_hint.startswith("rammer_rprogram") and "pack" not in gv.name_hint}
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_rammer_target_lowers_to_the_same_launches(name):
+def test_rammer_target_lowers_to_the_same_launches_and_kernels(name):
+    """The same launches and the same persistent kernels (bodies structurally equal): the
+    weights apart are packed into the rProgram's constants blob by transform_params, at the
+    offsets the embedded blob has."""
     model = MODELS[name]()
-    counts = {}
+    counts, kernels = {}, {}
     for mode in ("embedded", "apart"):
         low = lower(import_onnx(model, weights=mode), TARGET,
                     RammerConfig(profile=False, weights=mode))
-        counts[mode] = count_launches(low)
+        counts[mode], kernels[mode] = count_launches(low), _persistent(low)
         names = [gv.name_hint for gv in low.get_global_vars()]
         assert (TRANSFORM_NAME in names) == (mode == "apart")
+        if mode == "apart":
+            assert any(n.endswith("_pack_weights") for n in _calls(low, TRANSFORM_NAME))
+            assert not any(n.endswith("_pack_weights") for n in _calls(low, "main"))
     assert counts["apart"] == counts["embedded"]
+    assert sorted(kernels["apart"]) == sorted(kernels["embedded"]) and kernels["apart"]
+    for kernel, func in kernels["apart"].items():
+        assert tvm_ffi.structural_equal(func.body, kernels["embedded"][kernel].body,
+                                       map_free_vars=True)
+
+
+def test_pack_func_writes_the_blob_layout():
+    """The blob transform_params packs: each tensor's bytes at its offset, zeros between (what
+    the embedded blob holds); checked unscheduled on llvm for float32, float16 and int64."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((3, 5)).astype("float32"),
+              rng.standard_normal(7).astype("float16"), np.arange(4, dtype="int64").reshape(2, 2) - 3]
+    offsets, size = [], 0
+    for a in arrays:
+        offsets.append(size)
+        size += -(-a.nbytes // 64) * 64
+    func = pack_func([(a.shape, str(a.dtype), o) for a, o in zip(arrays, offsets)], size,
+                     threads=None)
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    out = tvm.runtime.tensor(np.full(size, 7, "uint8"))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    want = np.zeros(size, "uint8")
+    for a, o in zip(arrays, offsets):
+        want[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
+    np.testing.assert_array_equal(out.numpy(), want)
 
 
 def test_lift_appends_to_an_existing_transform_and_leaves_modules_without_weights():

@@ -44,7 +44,7 @@ from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 from . import rkernels, timeline, unmeasured_check
 from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
                                  has_barriers, num_counters)
-from .codegen.tensors import TensorPlan, plan_tensors
+from .codegen.tensors import TensorPlan, pack_func, plan_tensors
 from .config import RammerConfig
 from .executor import MANIFEST_ATTR, build_manifest
 from .faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
@@ -90,8 +90,16 @@ class BuiltRProgram:
         """What the Relax rewrite needs to emit this rProgram. ``fault_page``: the module's one
         page (``faults.page_constant``), required when :attr:`uses_fault_page`."""
         args = list(self.tensors.input_exprs)
+        packs = ()
         if self.tensors.blob is not None:
             args.append(_uint8_const(self.tensors.blob))
+        elif self.tensors.packed is not None:  # weights apart: the blob packed from them
+            nbytes, parts = self.tensors.packed
+            func = pack_func([(tuple(int(d) for d in t.shape), t.dtype, offset)
+                              for t, offset in parts], nbytes)
+            packs = ((len(args), func, tuple(t.expr for t, _ in parts),
+                      relax.TensorType((nbytes,), "uint8")),)
+            args.append(relax.const(np.zeros(1, "uint8")))  # placeholder: the pack's output
         args.append(relax.const(self.table, "int32"))
         if self.uses_fault_page:
             if fault_page is None:
@@ -110,7 +118,7 @@ class BuiltRProgram:
             func = func.with_attr(MANIFEST_ATTR, json.dumps(self.manifest))
         return RProgramCall(name=self.spec.name, func=func, nodes=tuple(self.nodes),
                             args=tuple(args), outputs=tuple(self.tensors.outputs),
-                            extra_outputs=tuple(extra), level=self.first_wave)
+                            extra_outputs=tuple(extra), level=self.first_wave, packs=packs)
 
     def instrumented(self) -> "BuiltRProgram":
         """The same rProgram with the timeline-instrumented persistent kernel (a separate build:

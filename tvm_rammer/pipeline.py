@@ -74,6 +74,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
                      default_schedule_pass(GEMVEpilogue())),
         _with_target(target, RammerBackend(config, profiler, started)),  # versions, policy, kernels
+        *([LiftWeightTransforms()] if config.weights == "apart" else []),  # blobs packed once
         *timeline,                                     # after the rewrite: main returns the buffers
         *cuda_backend.dataflow_lower_passes(target),   # TVM's own VM lowering from here on
         *cuda_backend.finalize_passes(target),

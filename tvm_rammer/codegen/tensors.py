@@ -4,7 +4,9 @@ Inputs: the rProgram's operators (dataflow-graph nodes) and their selected rKern
 :class:`TensorPlan`:
 
 * tensors read from outside stay kernel parameters, except constants, which are packed into one
-  uint8 blob (a Relax constant);
+  uint8 blob (a Relax constant); with the weights apart (``relay_passes.lift_weights``), weight
+  parameters are packed alike, and the blob is computed by :func:`pack_func` from them (a call
+  that LiftWeightTransforms moves into ``transform_params``): the same layout, the same kernel;
 * tensors produced inside and read outside are kernel outputs of their own; tensors produced and
   consumed only inside live in one uint8 work arena (a kernel output nobody reads);
 * operators with the same rKernel become one dispatch entry as long as, at every parameter, they
@@ -18,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from relay_passes.lift_weights import weight_params
 
 from .persistent import Binding, DispatchEntry, TensorSlot
 
@@ -37,6 +41,7 @@ class TensorPlan:
     entries: list  # DispatchEntry
     dispatch: dict  # op uid -> (entry index, arena offsets)
     where: dict = None  # TensorRef -> (slot, byte offset in its arena, or None for a slot of its own)
+    packed: tuple = None  # weights apart: (blob bytes, [(TensorRef, byte offset)]), blob None
 
 
 def _itemsize(dtype: str) -> int:
@@ -97,8 +102,9 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
     produced = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].outputs))
     inputs = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].inputs
                                 if t.producer not in members))
-    constants = [t for t in inputs if t.is_constant]
-    direct_inputs = [t for t in inputs if not t.is_constant]
+    weights = set(weight_params(graph.func))  # weights apart: packed as constants are
+    constants = [t for t in inputs if t.is_constant or (t.producer is None and t.expr in weights)]
+    direct_inputs = [t for t in inputs if t not in constants]
     outputs = [t for t in produced if t in visible]
     internal = [t for t in produced if t not in visible]
     const_at, blob_bytes = _layout(constants)
@@ -163,15 +169,60 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
             dispatch[op] = (len(entries), tuple(per_op[op]))
         entries.append(DispatchEntry(kernel, tuple(bindings), blocks_of.get(group[0], 1)))
 
-    blob = None
-    if constants:
+    blob, packed = None, None
+    if any(not t.is_constant for t in constants):
+        packed = (blob_bytes, [(t, const_at[t]) for t in constants])
+    elif constants:
         blob = aligned_zeros(blob_bytes)
         for t in constants:
             raw = _constant_bytes(t)
             blob[const_at[t]: const_at[t] + raw.size] = raw
     where = {t: place(t) for ts in binds.values() for t in ts}
     return TensorPlan(slots, num_inputs, [t.expr for t in direct_inputs], blob, outputs,
-                      arena_bytes, entries, dispatch, where)
+                      arena_bytes, entries, dispatch, where, packed)
+
+
+def pack_func(parts: list, nbytes: int, threads: int | None = 256):
+    """The GPU-scheduled PrimFunc ``(w_0, ..., w_n, blob)`` writing each tensor's bytes into the
+    uint8 ``blob`` of ``nbytes`` at its offset (zeros between): what ``plan_tensors`` puts in a
+    constants blob, computed from weight parameters. ``parts``: ``[(shape, dtype, offset)]``;
+    ``threads`` None: unscheduled (for a CPU build)."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm import s_tir, te, tirx  # pylint: disable=import-outside-toplevel
+
+    holders = [te.placeholder([tirx.IntImm("int64", d) for d in shape], dtype, name=f"w{k}")
+               for k, (shape, dtype, _) in enumerate(parts)]
+
+    def byte(holder, shape, dtype, j):
+        size = _itemsize(dtype)
+        flat, index = j // size, []
+        for d in reversed(shape):
+            index.append(flat % d)
+            flat = flat // d
+        value = holder[tuple(reversed(index))]
+        if size == 1:
+            return tirx.Cast("uint8", value)
+        bits = tirx.reinterpret(f"uint{8 * size}", value)
+        return tirx.Cast("uint8", (bits >> tirx.Cast(f"uint{8 * size}", (j % size) * 8))
+                         & tirx.const(255, f"uint{8 * size}"))
+
+    def body(k):
+        value = tirx.const(0, "uint8")
+        for holder, (shape, dtype, offset) in reversed(list(zip(holders, parts))):
+            size = int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
+            inside = tirx.all(k >= offset, k < offset + size)
+            value = tirx.if_then_else(inside, byte(holder, shape, dtype, k - offset), value)
+        return value
+
+    out = te.compute([tirx.IntImm("int64", nbytes)], body, name="T_pack_weights")
+    if threads is None:
+        return te.create_prim_func([*holders, out])
+    sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([*holders, out])}))
+    (loop,) = sch.get_loops(sch.get_sblock("T_pack_weights"))
+    bx, tx = sch.split(loop, factors=[None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 def _class(where) -> tuple:
