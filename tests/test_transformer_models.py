@@ -206,6 +206,7 @@ def test_decoder_inputs_and_outputs(gpt2, llama):
     assert sum("wte_1" in n.input for n in gpt2.graph.node) == 2
 
 
+@pytest.mark.slow
 def test_full_size_gpt2_small_has_124m_parameters():
     model = get_model("gpt2_decode")
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer
@@ -468,3 +469,45 @@ def test_lean_build_writes_what_graph_builder_writes(name, monkeypatch):
     lean = get_model(name, **REDUCED[name]).SerializeToString()
     monkeypatch.setattr(transformers._Builder, "build", GraphBuilder.build)
     assert get_model(name, **REDUCED[name]).SerializeToString() == lean
+
+
+def _opset23_node(op, inputs, input_infos, inits=()):
+    """A one-node model at opset 23 (IR 10), as torch.onnx's dynamo exporter writes
+    scaled_dot_product_attention (Attention) and rotary embeddings (RotaryEmbedding) there."""
+    from onnx import TensorProto, helper
+
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1, 8])
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"], name=f"{op.lower()}_0")], "g",
+                              input_infos, [out], list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+def test_operators_tvm_cannot_import_are_one_line_naming_them(capsys):
+    """Opset 23's Attention reaches TVM's com.microsoft-style converter (KeyError 'num_heads',
+    after printing its inputs): the error names the operator and the opset, on one line, and
+    nothing is printed; RotaryEmbedding (no converter) is named too."""
+    from onnx import TensorProto, helper
+
+    from tvm_rammer.frontend import import_onnx
+
+    def info(name, shape, kind=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, kind, shape)
+
+    attention = _opset23_node("Attention", ["q", "k", "v"], [
+        info("q", [1, 4, 1, 8]), info("k", [1, 4, 16, 8]), info("v", [1, 4, 16, 8])])
+    with pytest.raises(ValueError) as err:
+        import_onnx(attention)
+    text = str(err.value)
+    assert "\n" not in text and "cannot import operator Attention of this model (opset 23)" in text
+    assert "num_heads" in text
+    rotary = _opset23_node("RotaryEmbedding", ["x", "c", "s", "p"], [
+        info("x", [1, 4, 1, 8]), info("p", [1, 1], TensorProto.INT64)], [
+        numpy_helper.from_array(np.ones((16, 4), np.float32), "c"),
+        numpy_helper.from_array(np.zeros((16, 4), np.float32), "s")])
+    with pytest.raises(ValueError, match=r"^TVM's ONNX frontend cannot import this model: .*"
+                                         r"not supported.*: RotaryEmbedding$"):
+        import_onnx(rotary)
+    captured = capsys.readouterr()
+    assert "Error converting operator" not in captured.out + captured.err

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import warnings
 
 import onnx
@@ -84,18 +87,31 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None,
         onnx.checker.check_model(_checkable(proto))
     except onnx.checker.ValidationError as err:
         raise ValueError(f"invalid ONNX model: {str(err).splitlines()[0]}") from None
+    printed = io.StringIO()  # the frontend prints "Error converting operator X, ..." first
     try:
-        with warnings.catch_warnings():  # "unknown dimension" / "renaming": said once, by us
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
+            warnings.simplefilter("ignore")  # "unknown dimension" / "renaming": said once, by us
             mod = from_onnx(proto, keep_params_in_input=weights == "apart")
     except Exception as err:  # the frontend raises many error types for unsupported graphs
-        raise ValueError(
-            f"TVM's ONNX frontend cannot import this model: {str(err).strip().splitlines()[-1]}"
-        ) from None
+        raise ValueError(_import_error(err, printed.getvalue(), proto)) from None
     if weights == "apart":
         mod = _weights_as_params(mod, proto, [i.name for i in bound.graph.initializer])
     unbound = unbound_inputs(proto)
     return mod.with_attr(UNBOUND_ATTR, json.dumps(unbound)) if unbound else mod
+
+
+def _import_error(err: Exception, printed: str, proto: onnx.ModelProto) -> str:
+    """One line for a failed import: the operator TVM's frontend failed on when it said which
+    (with the model's opset: a newer opset's operator of an older name, like opset 23's Attention,
+    reaches a converter written for another), and the frontend's last line of error."""
+    last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    found = re.search(r"Error converting operator (\S+?),", printed)
+    if not found:
+        return f"TVM's ONNX frontend cannot import this model: {last}"
+    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    return (f"TVM's ONNX frontend cannot import operator {found.group(1)} of this model (opset "
+            f"{opset}): {type(err).__name__} {last}; export the model at another opset or without "
+            f"this operator")
 
 
 def _weights_as_params(mod: tvm.IRModule, proto, raw_names: list) -> tvm.IRModule:
