@@ -176,8 +176,8 @@ def gpt2_decode(layers=12, d_model=768, heads=12, vocab=50257, max_len=1024,
     """One GPT-2 decode step with a static KV cache (GPT-2 small by default).
 
     Source: HF transformers' GPT2LMHeadModel (token + learned position embeddings, pre-LayerNorm
-    blocks with a fused QKV MatMul + Split, tanh-GELU MLP, final LayerNorm, LM head tied to the token
-    embedding: MatMul by its Transpose). Inputs and outputs: see the module docstring.
+    blocks with a fused QKV MatMul + Split, tanh-GELU MLP, final LayerNorm, LM head tied to the
+    token embedding: MatMul by its Transpose). Inputs and outputs: see the module docstring.
     ``cache_write``: "scatter_nd" (index_put's export) or "scatter_elements" (index_copy_'s).
     """
     _check_cache_write(cache_write)
@@ -271,7 +271,8 @@ def llama_decode(layers=16, d_model=2048, heads=32, kv_heads=8, d_ff=8192, vocab
         past_k = g.input(f"past_key_{i}", [batch, kv_heads, max_len, hd])
         past_v = g.input(f"past_value_{i}", [batch, kv_heads, max_len, hd])
         h = _rms_norm(g, x, d, 1e-5)
-        q = _rotate(g, g.heads(g.linear(h, d, heads * hd, bias=False), heads, hd), cos, sin, hd // 2)
+        q = _rotate(g, g.heads(g.linear(h, d, heads * hd, bias=False), heads, hd), cos, sin,
+                    hd // 2)
         k = _rotate(g, g.heads(g.linear(h, d, kv_heads * hd, bias=False), kv_heads, hd), cos, sin,
                     hd // 2)
         v = g.heads(g.linear(h, d, kv_heads * hd, bias=False), kv_heads, hd)
