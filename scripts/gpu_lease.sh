@@ -29,6 +29,11 @@ case "$cmd" in
       "'bash scripts/gpu_lease.sh prepare' here first and carry $LEASE" >&2; exit 2; }
     mkdir -p "$out"
     t0=$(date +%s)
+    # the libraries travel packed (CUDA binaries compress 10-40x): unpacked into the lease folder
+    if [ -f "$LEASE/libs.tar.xz" ] && { [ ! -d "$LEASE/libs" ] || [ "$LEASE/libs.tar.xz" -nt "$LEASE/libs" ]; }; then
+      rm -rf "$LEASE/libs" && xz -d < "$LEASE/libs.tar.xz" | tar x -C "$LEASE" && touch "$LEASE/libs" \
+        || { echo "gpu_lease.sh run: unpacking $LEASE/libs.tar.xz failed" >&2; exit 4; }
+    fi
     # TVM's runtime (no compiler) and the wheels, into /tmp: no root, no package index needed
     site=/tmp/tvm-lease/site
     if [ -f "$LEASE/tvm/tvm-runtime.tar.xz" ]; then

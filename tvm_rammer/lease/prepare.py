@@ -8,7 +8,9 @@ folder ``.lease/`` (ignored by git) that travels to the GPU host with the workin
   ``lib/libtvm_compiler.so`` and ``3rdparty``, xz-compressed) and the cp312 apache-tvm-ffi wheel,
   as ``../shared/gpu/make-bundle.sh`` made them; ``wheels/``: onnx2torch (pure Python) for the
   PyTorch baseline;
-- ``libs/NAME.so`` + ``libs/NAME.json``: lease libraries (the shared contract of issue 31: code,
+- ``libs.tar.xz`` of ``libs/NAME.so`` + ``libs/NAME.json`` (built and kept in ``.lease-build/``,
+  packed for travel; ``run`` unpacks it into the lease folder): lease libraries (the shared
+  contract of issue 31: code,
   the manifest of :mod:`tvm_rammer.lease.manifest`; weights regenerated there from the model's seed)
   for every zoo model (tvm-rammer's default, ``--no-unmeasured-check``, TVM's default pipeline),
   the 16-branch demo, and the instrumented (timeline) builds, whose predicted schedules go to
@@ -68,7 +70,7 @@ class LeaseSpec:
     kernels: bool = True
     cpu_check: bool = False
     jobs: int = 2
-    build_timeout_s: float = 900.0
+    build_timeout_s: float = 1200.0
     time_limit_s: float | None = 1800.0  # no build starts past it (the rest: the next prepare)
 
 
@@ -463,8 +465,9 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
     out = Path(spec.out)
     if not out.is_absolute():
         out = ROOT / out
-    libs = out / "libs"
+    libs = build_dir(out) / "libs"  # the builds (kept for reuse; they do not travel)
     libs.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     old = _read_index(out)
     start = time.perf_counter()
     sources, tools = source_hash(), toolchain()
@@ -478,7 +481,7 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
         prev = old.get("artifacts", {}).get(art.name)
         if (prev and prev.get("key") == key and "error" not in prev
                 and all((libs / f).exists() for f in prev.get("files", []))):
-            index["artifacts"][art.name] = dict(prev, reused=True)
+            index["artifacts"][art.name] = dict(prev, reused=True, **_sizes(libs, art.name, prev))
         else:
             todo.append((art, key))
     log(f"prepare: {len(arts)} libraries, {len(arts) - len(todo)} unchanged, {len(todo)} to build "
@@ -505,6 +508,7 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
             for fut in done:
                 art, key = running.pop(fut)
                 rec = dict(fut.result(), key=key, variant=art.variant, model=art.model)
+                rec.update(_sizes(libs, art.name, rec))
                 index["artifacts"][art.name] = rec
                 status = (f"error: {rec['error']}" if "error" in rec else
                           f"{rec['seconds']} s ({rec.get('cpu_s', '?')} s CPU)")
@@ -512,6 +516,8 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
                 _write_index(out, index)  # a prepare cut short keeps what it built
     index["artifacts"] = {a.name: index["artifacts"][a.name] for a in arts}
     _clean_stale(libs, index)
+    index["libs"] = pack_libraries(libs, out, index, log)
+    shutil.rmtree(out / "libs", ignore_errors=True)  # a copy `run` unpacked here: not to travel
     _write_index(out, index)
     late = deadline is not None and time.perf_counter() > deadline
     if late and spec.kernels and not spec.cpu_check:
@@ -551,6 +557,65 @@ def _read_index(out: Path) -> dict:
         return {}
 
 
+def build_dir(out: Path) -> Path:
+    """Where the builds are kept: beside the lease folder (``.lease-build/`` for ``.lease/``),
+    so only the packed copy travels."""
+    return out.parent / (out.name + "-build")
+
+
+def _sizes(libs: Path, name: str, rec: dict) -> dict:
+    """What ``plan`` needs of a built library without unpacking it: its size, its weights' size,
+    its device type."""
+    if "error" in rec:
+        return {}
+    try:
+        man = json.loads((libs / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    n = 0
+    for w in man.get("raw_weights", []):
+        size = 4
+        for d in w["shape"]:
+            size *= int(d)
+        n += size
+    return {"so_mib": round((libs / man["library"]).stat().st_size / 2**20, 3),
+            "weights_mib": round(n / 2**20, 2), "device_type": man.get("device_type")}
+
+
+def pack_libraries(libs: Path, out: Path, index: dict, log) -> dict:
+    """``out/libs.tar.xz``: every built library's files under ``libs/`` (the GPU host unpacks it
+    into the lease folder; CUDA binaries compress 10-40x). Packed again only when the set of
+    libraries (names and keys) changed. Returns ``{"file", "key", "mib"}``."""
+    import hashlib as _h
+    files = sorted(f for r in index["artifacts"].values() if "error" not in r
+                   for f in r.get("files", []))
+    key = _h.sha256(json.dumps(sorted((n, r.get("key")) for n, r in index["artifacts"].items()
+                                      if "error" not in r)).encode()).hexdigest()[:24]
+    pack = out / "libs.tar.xz"
+    old = (_read_index(out).get("libs") or {})
+    if pack.exists() and old.get("key") == key:
+        return dict(old)
+    start = time.perf_counter()
+    tmp = out / "libs.tar.xz.part"
+    if files and shutil.which("xz") and shutil.which("tar"):
+        with open(tmp, "wb") as f:
+            tar = subprocess.Popen(["tar", "cf", "-", "-C", str(libs.parent),
+                                    *[f"libs/{n}" for n in files]], stdout=subprocess.PIPE)
+            subprocess.run(["xz", "-T2", "-6"], stdin=tar.stdout, stdout=f, check=True)
+            if tar.wait() != 0:
+                raise ValueError("tar of the libraries failed")
+    else:
+        with tarfile.open(tmp, "w:xz") as t:
+            for n in files:
+                t.add(libs / n, arcname=f"libs/{n}")
+    tmp.replace(pack)
+    raw = sum((libs / n).stat().st_size for n in files) / 2**20
+    mib = pack.stat().st_size / 2**20
+    log(f"libraries packed: {len(files)} files, {raw:.1f} MiB -> {mib:.1f} MiB "
+        f"({time.perf_counter() - start:.0f} s)")
+    return {"file": pack.name, "key": key, "mib": round(mib, 2), "raw_mib": round(raw, 2)}
+
+
 def _clean_stale(libs: Path, index: dict) -> None:
     """Delete library files no artifact of the index names (an older lease's)."""
     keep = {f for r in index["artifacts"].values() for f in r.get("files", [])}
@@ -581,6 +646,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-check", action="store_true",
                    help="llvm libraries of the same form, for `run` on this machine")
     p.add_argument("--jobs", type=int, default=2, help="builds at once (default: %(default)s)")
+    p.add_argument("--build-timeout", type=float, default=1200.0, metavar="SECONDS",
+                   help="one build's wall-clock limit (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=1800.0, metavar="SECONDS",
                    help="start no build past this many seconds (0: none); what is left is built "
                         "by the next prepare, in order of value (default: %(default)s)")
@@ -600,7 +667,7 @@ def spec_of(args) -> LeaseSpec:
                      demo=not args.no_demo, timelines=names(args.timelines),
                      bundle=not args.no_bundle, kernels=not args.no_kernels,
                      cpu_check=args.cpu_check, jobs=args.jobs,
-                     time_limit_s=args.time_limit or None)
+                     time_limit_s=args.time_limit or None, build_timeout_s=args.build_timeout)
 
 
 def main(argv=None) -> int:

@@ -85,12 +85,12 @@ def _runs(latency_us: float) -> int:
     return int(min(200, max(10, TIMING_S * 1e6 / max(latency_us, 1.0))))
 
 
-def library_estimate_s(manifest: dict, so_mib: float, latency_us: float,
+def library_estimate_s(weights_mib: float, so_mib: float, latency_us: float,
                        source: bool = False) -> float:
     """Seconds to load one library (``source``: its CUDA is source, compiled at load: 20 s), move
-    and transform its weights, check one run and time ``_runs`` runs (3 warm-up)."""
+    and transform its weights, check two runs and time ``_runs`` runs (3 warm-up)."""
     load = 1.0 + so_mib / 50 + (20.0 if source else 0.0)
-    weights = _weights_mib(manifest) / 500
+    weights = weights_mib / 500
     return load + weights + (_runs(latency_us) + 4) * latency_us * 1e-6 + 0.5
 
 
@@ -104,9 +104,16 @@ def _manifest(lease: Path, name: str, index: dict) -> dict | None:
         return None
 
 
-def _is_source(index: dict, name: str, manifest: dict) -> bool:
-    """A CUDA library whose CUDA module prepare did not compile (the GPU host compiles it)."""
-    return manifest.get("device_type") == "cuda" and not index["artifacts"][name].get("binary")
+def _facts(lease: Path, index: dict, name: str) -> tuple:
+    """``(weights MiB, library MiB, CUDA kept as source)`` of a library: from the index (prepare
+    writes them) or, for an older index, from its manifest and file."""
+    rec = index["artifacts"][name]
+    if "so_mib" in rec:
+        w, so, dev = rec.get("weights_mib", 0.0), rec["so_mib"], rec.get("device_type")
+    else:
+        man = _manifest(lease, name, index) or {}
+        w, so, dev = _weights_mib(man), _mib(lease, f"libs/{name}.so"), man.get("device_type")
+    return w, so, dev == "cuda" and not rec.get("binary")
 
 
 def steps(lease: Path, root: Path | None = None) -> list:
@@ -128,12 +135,11 @@ def steps(lease: Path, root: Path | None = None) -> list:
         est = 3.0 + 2.0  # child start and imports; inputs and the onnxruntime reference
         mib = 0.0
         for lib in libs:
-            man = _manifest(lease, lib, index) or {}
-            mib = max(mib, _weights_mib(man))
+            w, so, source = _facts(lease, index, lib)
+            mib = max(mib, w)
             variant = index["artifacts"][lib].get("variant", "rammer")
             us = lat.get("default" if variant == "default" else "rammer", DEFAULT_LATENCY_US)
-            est += library_estimate_s(man, _mib(lease, f"libs/{lib}.so"), us,
-                                      _is_source(index, lib, man))
+            est += library_estimate_s(w, so, us, source)
         est += mib / 100 + mib / 200  # weights regenerated (numpy), reference run (onnxruntime)
         if stem != "demo":  # PyTorch eager and CUDA graph through onnx2torch
             us = lat.get("default", DEFAULT_LATENCY_US) * 1.5
@@ -149,10 +155,9 @@ def steps(lease: Path, root: Path | None = None) -> list:
     for name, rec in index.get("artifacts", {}).items():
         if rec.get("variant") == "timeline" and "error" not in rec:
             model = name.split(".")[0]
-            man = _manifest(lease, name, index) or {}
+            w, so, source = _facts(lease, index, name)
             us = prior.get(model, {}).get("rammer", DEFAULT_LATENCY_US)
-            est = 5.0 + _weights_mib(man) / 100 + library_estimate_s(
-                man, _mib(lease, f"libs/{name}.so"), us, _is_source(index, name, man))
+            est = 5.0 + w / 100 + library_estimate_s(w, so, us, source)
             out.append({"name": f"timeline-{model}", "kind": "timeline", "libraries": [name],
                         "estimate_s": round(est, 1),
                         "what": f"{model}: measured per-vEU timeline (raw buffers; report decodes)"})
