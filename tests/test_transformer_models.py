@@ -511,3 +511,22 @@ def test_operators_tvm_cannot_import_are_one_line_naming_them(capsys):
         import_onnx(rotary)
     captured = capsys.readouterr()
     assert "Error converting operator" not in captured.out + captured.err
+
+
+@pytest.mark.slow
+def test_gpt2_decode_in_float16_on_the_emulator():
+    """RammerConfig(precision="float16") on the fp32 export: TVM writes htanh for the GELU's Tanh
+    (the emulator's half header has it); within float16's tolerance 2e-2, and computed in half
+    indeed (not float32's ~1e-7)."""
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tvm_rammer import RammerConfig, emulator
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.runner import onnx_reference
+
+    model = get_model("gpt2_decode", **GPT2)
+    feeds = _decode_feeds(model, token=5, position=6)
+    config = RammerConfig(precision="float16", num_sms=2, veus_per_sm=2)
+    result = emulator.emulate(model, feeds, config=config)
+    errors = [relative_error(o, r) for o, r in zip(result.outputs, onnx_reference(model, feeds))]
+    assert max(errors) <= 2e-2 and errors[0] > 1e-5, errors
