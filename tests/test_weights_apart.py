@@ -8,11 +8,13 @@ onnxruntime's outputs and the embedded build's once the raw weights go through
 recurrent GEMV fused with its column interleave in the transform); the rammer target lowers to the
 same launches either way; the library is code only (smaller than the embedded one). Negative
 controls: raw weights given to ``main`` without the transform, or in another order, do not
-pass for the model's outputs.
+pass for the model's outputs. The whole rammer build for a CUDA target, weights apart (the
+transform's kernels and the persistent kernel), runs on the CPU emulator against onnxruntime.
 """
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -321,3 +323,25 @@ def test_manifest_module_imports_without_tvms_compiler():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=120, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
+                    reason="the CPU emulator needs a C++ compiler")
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_rammer_build_apart_on_the_emulator_gives_onnxruntimes_outputs(name):
+    """The whole rammer pipeline for a CUDA target, weights apart: transform_params (its CUDA
+    kernels: the interleave, the slices, the packed rProgram blob) then main, both run on the
+    CPU emulator, give onnxruntime's outputs."""
+    from tvm_rammer.emulator import emulation_build
+    from tvm_rammer.emulator.interpret import Interpreter
+
+    model = MODELS[name]()
+    build = emulation_build(import_onnx(model, weights="apart"), TARGET,
+                            RammerConfig(profile=False, weights="apart"), pipeline="rammer")
+    interpreter = Interpreter(build, build.emulated())
+    weights = interpreter(*[a for _, a in mf.raw_weights(model)], func=TRANSFORM_NAME)
+    feeds = random_inputs(model, seed=1)
+    got = interpreter(*feeds.values(), *weights)
+    got = list(got) if isinstance(got, tuple) else [got]
+    for g, w in zip(got, run_onnxruntime(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
