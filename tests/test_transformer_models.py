@@ -530,3 +530,23 @@ def test_gpt2_decode_in_float16_on_the_emulator():
     result = emulator.emulate(model, feeds, config=config)
     errors = [relative_error(o, r) for o, r in zip(result.outputs, onnx_reference(model, feeds))]
     assert max(errors) <= 2e-2 and errors[0] > 1e-5, errors
+
+
+def test_reference_of_a_model_past_the_protobuf_limit_runs_from_a_file(monkeypatch, gpt2):
+    """runner.onnx_reference (run / check / --emulate) cannot serialise a model past 2 GiB: above
+    REFERENCE_IN_MEMORY_BELOW (lowered here) onnxruntime reads it from a temporary file with
+    external data; same outputs, the caller's model untouched."""
+    from tvm_rammer import runner
+
+    feeds = _decode_feeds(gpt2, token=7, position=3)
+    want = runner.onnx_reference(gpt2, feeds)
+    before = gpt2.SerializeToString()
+    calls = []
+    real = runner._reference_from_file
+    monkeypatch.setattr(runner, "_reference_from_file",
+                        lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(runner, "REFERENCE_IN_MEMORY_BELOW", 10_000)
+    got = runner.onnx_reference(gpt2, feeds)
+    assert calls and gpt2.SerializeToString() == before
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

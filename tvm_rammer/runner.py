@@ -56,14 +56,42 @@ def model_tolerance_of(proto: onnx.ModelProto, config: RammerConfig | None = Non
     return model_tolerance((config or RammerConfig()).precision, dtypes)
 
 
+# A model whose weights exceed this goes to onnxruntime as a file with external data: a protobuf
+# cannot be serialised past 2 GiB (Llama-3.2-1B's shape in float32 is 4.9 GB).
+REFERENCE_IN_MEMORY_BELOW = 1_800_000_000
+
+
 def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
     """Outputs of onnxruntime's CPU provider."""
     import onnxruntime as ort
 
+    if sum(t.ByteSize() for t in proto.graph.initializer) > REFERENCE_IN_MEMORY_BELOW:
+        return _reference_from_file(proto, inputs)
     model = onnx.ModelProto.FromString(proto.SerializeToString())
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, inputs)
+
+
+def _reference_from_file(proto: onnx.ModelProto, inputs: dict) -> list:
+    """onnx_reference of a large model: written to a temporary folder with its weights as
+    external data (``models.save_model``), and onnxruntime's session made from that file."""
+    import os
+    import tempfile
+
+    import onnxruntime as ort
+
+    from .models import save_model
+
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
+    with tempfile.TemporaryDirectory(prefix="tvm-rammer-reference-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        save_model(model, path, external_data=True)
+        del model
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        return session.run(None, inputs)
 
 
 def _flatten(result) -> list:
