@@ -159,27 +159,34 @@ def _persistent(mod) -> dict:
             if gv.name_hint.startswith("rammer_rprogram") and "pack" not in gv.name_hint}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_rammer_target_lowers_to_the_same_launches_and_kernels(name):
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def rammer_builds(request):
+    """(name, model, the embedded lowering, the weights-apart EmulationBuild) for TARGET."""
+    from tvm_rammer.emulator import emulation_build
+
+    model = MODELS[request.param]()
+    embedded = lower(import_onnx(model), TARGET, NO_PROFILE)
+    apart = emulation_build(import_onnx(model, weights="apart"), TARGET,
+                            RammerConfig(profile=False, weights="apart"), pipeline="rammer")
+    return request.param, model, embedded, apart
+
+
+def test_rammer_target_lowers_to_the_same_launches_and_kernels(rammer_builds):
     """The same launches and the same persistent kernels (bodies structurally equal): the
     weights apart are packed into the rProgram's constants blob by transform_params, at the
     offsets the embedded blob has."""
-    model = MODELS[name]()
-    counts, kernels = {}, {}
-    for mode in ("embedded", "apart"):
-        low = lower(import_onnx(model, weights=mode), TARGET,
-                    RammerConfig(profile=False, weights=mode))
-        counts[mode], kernels[mode] = count_launches(low), _persistent(low)
-        names = [gv.name_hint for gv in low.get_global_vars()]
-        assert (TRANSFORM_NAME in names) == (mode == "apart")
-        if mode == "apart":
-            assert any(n.endswith("_pack_weights") for n in _calls(low, TRANSFORM_NAME))
-            assert not any(n.endswith("_pack_weights") for n in _calls(low, "main"))
-    assert counts["apart"] == counts["embedded"]
+    _, _, embedded, build = rammer_builds
+    apart = build.relax_mod
+    assert TRANSFORM_NAME in [gv.name_hint for gv in apart.get_global_vars()]
+    assert TRANSFORM_NAME not in [gv.name_hint for gv in embedded.get_global_vars()]
+    assert any(n.endswith("_pack_weights") for n in _calls(apart, TRANSFORM_NAME))
+    assert not any(n.endswith("_pack_weights") for n in _calls(apart, "main"))
+    assert count_launches(apart) == count_launches(embedded)
+    kernels = {"apart": _persistent(apart), "embedded": _persistent(embedded)}
     assert sorted(kernels["apart"]) == sorted(kernels["embedded"]) and kernels["apart"]
     for kernel, func in kernels["apart"].items():
         assert tvm_ffi.structural_equal(func.body, kernels["embedded"][kernel].body,
-                                       map_free_vars=True)
+                                        map_free_vars=True)
 
 
 def test_pack_func_writes_the_blob_layout():
@@ -327,17 +334,13 @@ def test_manifest_module_imports_without_tvms_compiler():
 
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
                     reason="the CPU emulator needs a C++ compiler")
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_rammer_build_apart_on_the_emulator_gives_onnxruntimes_outputs(name):
+def test_rammer_build_apart_on_the_emulator_gives_onnxruntimes_outputs(rammer_builds):
     """The whole rammer pipeline for a CUDA target, weights apart: transform_params (its CUDA
     kernels: the interleave, the slices, the packed rProgram blob) then main, both run on the
     CPU emulator, give onnxruntime's outputs."""
-    from tvm_rammer.emulator import emulation_build
     from tvm_rammer.emulator.interpret import Interpreter
 
-    model = MODELS[name]()
-    build = emulation_build(import_onnx(model, weights="apart"), TARGET,
-                            RammerConfig(profile=False, weights="apart"), pipeline="rammer")
+    _, model, _, build = rammer_builds
     interpreter = Interpreter(build, build.emulated())
     weights = interpreter(*[a for _, a in mf.raw_weights(model)], func=TRANSFORM_NAME)
     feeds = random_inputs(model, seed=1)
