@@ -10,6 +10,9 @@ instead of crashing: which pass failed, and for a dlight rule, which rule on whi
 - :func:`run_default`: a Relax pass (TVM's default pipeline, or a part of it) on a module; raises
   :class:`DefaultPipelineFailed` with the reason.
 - :func:`lower_default`: TVM's default pipeline of a target's plain CUDA/ROCm target.
+- :func:`default_pipeline`: the same as a Relax pipeline for ``tvm.compile(relax_pipeline=...)``;
+  :func:`reason_of` reads the reason back from what ``tvm.compile`` raises (TVM's FFI turns the
+  exception into a RuntimeError with the same message).
 - :func:`failure_reason`: the reason line of any exception TVM's default pipeline raised.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import tvm
 from tvm import relax, tirx
 
 __all__ = ["DefaultPipelineFailed", "run_default", "lower_default", "failure_reason",
-           "UNAVAILABLE"]
+           "default_pipeline", "reason_of", "UNAVAILABLE"]
 
 UNAVAILABLE = "TVM's default pipeline cannot compile this model"
 
@@ -128,3 +131,30 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
 
     plain = plain_target(resolve_target(target))
     return run_default(relax.get_default_pipeline(plain), mod, plain)
+
+
+def default_pipeline(target) -> tvm.transform.Pass:
+    """TVM's default Relax pipeline for ``target``'s plain target, as one pass for
+    ``tvm.compile(mod, target=plain, relax_pipeline=default_pipeline(target))``: the same module,
+    and on a failure an exception whose message is the one-line reason (:func:`reason_of`)."""
+    from ..target import plain_target  # pylint: disable=import-outside-toplevel
+
+    plain = plain_target(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="TVMDefaultPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return run_default(relax.get_default_pipeline(plain), mod, plain)
+
+    return _pipeline
+
+
+def reason_of(err: BaseException) -> str:
+    """The one-line reason of a failure of TVM's default pipeline: a
+    :class:`DefaultPipelineFailed`'s, the message of one that crossed TVM's FFI, or
+    :func:`failure_reason` of any other exception."""
+    if isinstance(err, DefaultPipelineFailed):
+        return err.reason
+    for line in reversed(str(err).strip().splitlines()):
+        if UNAVAILABLE in line:
+            return line[line.index(UNAVAILABLE):].strip()
+    return failure_reason(err)
