@@ -4,7 +4,8 @@ When every dlight rule raises on a function (``default_schedule.GuardedDefaultSc
 function must still get thread bindings, or TVM's build rejects it ("did you forget to bind?").
 :func:`plain_schedule` gives it the plainest correct schedule:
 
-- each loop nest under the root block becomes one kernel;
+- the blocks that can be inlined into their consumers are (elementwise producers);
+- each loop nest left under the root block becomes one kernel;
 - its outermost loops that are data-parallel are fused and split over ``blockIdx.x`` x
   ``threadIdx.x`` (at most the target's ``max_num_threads`` per block): one output element per
   thread, the reduction loops serial inside it (TVM's ``bind`` refuses a loop that is not
@@ -81,6 +82,26 @@ def _bind_single_thread(sch, block) -> None:
     sch.bind(sch.add_unit_loop(top), "threadIdx.x")
 
 
+def _compute_at_consumer(sch, block):
+    """A copy of ``sch`` where ``block`` (an intermediate result, e.g. a reduction) is under its
+    consumers' thread loop, its buffer a register: each thread computes what it reads, one kernel
+    and no intermediate buffer in global memory. None when it has no bound consumer or TVM
+    refuses (consumers in other nests: it gets a kernel of its own)."""
+    consumers = sch.get_consumers(block)
+    if not consumers:
+        return None
+    loops = [loop for loop in sch.get_loops(consumers[0]) if sch.get(loop).thread_binding is not None]
+    if not loops:
+        return None
+    trial = sch.copy()
+    try:
+        trial.compute_at(block, loops[-1], preserve_unit_loops=True)
+        trial.set_scope(block, 0, "local")
+    except Exception:  # pylint: disable=broad-except  (consumers in other nests: its own kernel)
+        return None
+    return trial
+
+
 def plain_schedule(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
     """``func`` with every loop nest bound to GPU threads (see the module docstring), or None."""
     if _launches_threads(func) or not isinstance(func.body, s_tir.SBlockRealize):
@@ -89,9 +110,18 @@ def plain_schedule(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimF
     try:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock(func.body.block.name_hint)
-        for block in sch.get_child_blocks(root):
+        for block in sch.get_child_blocks(root):  # fewer nests, fewer kernels: inline what can be
+            try:
+                sch.compute_inline(block)
+            except Exception:  # pylint: disable=broad-except  (a reduction, an output: stays)
+                pass
+        for block in reversed(sch.get_child_blocks(root)):  # consumers first
             if _bound(sch, block):
-                continue  # shares a nest bound for an earlier block
+                continue  # shares a nest bound for a later block
+            moved = _compute_at_consumer(sch, block)
+            if moved is not None:
+                sch = moved
+                continue
             parallel = _bind_parallel(sch, block, threads)
             if parallel is not None:
                 sch = parallel
