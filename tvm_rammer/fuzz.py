@@ -484,12 +484,37 @@ def fuzz(graphs: int, seed: int, jobs: int = 1, trials: int = 8, gpu: bool = Fal
             "seconds": round(time.monotonic() - start, 1)}
 
 
+def _at_least(low: int):
+    """argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """argparse type: seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be > 0 seconds")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graphs", type=int, default=200, help="random graphs (default: %(default)s)")
+    p.add_argument("--graphs", type=_at_least(1), default=200,
+                   help="random graphs (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the run: graph k is built from (seed, k) (default: %(default)s)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
-    p.add_argument("--trials", type=int, default=8,
+    p.add_argument("--jobs", type=_at_least(1), default=1, help="worker processes (default: 1)")
+    p.add_argument("--trials", type=_at_least(1), default=8,
                    help="simulated interleavings per rProgram (default: %(default)s)")
     p.add_argument("--gpu", action="store_true",
                    help="also compile, run on the local GPU and compare with onnxruntime")
@@ -497,7 +522,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run each graph on the CPU emulator (a small vDevice, a C++ compiler "
                         "needed) and compare with onnxruntime")
     p.add_argument("--out", default="fuzz-failures", help="where failing graphs are saved")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S,
                    help="seconds per graph before it counts as a hang (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the summary here")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")

@@ -35,9 +35,14 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
         tensor = value.type.tensor_type
         dims = [d.dim_value for d in tensor.shape.dim]
         if any(d <= 0 for d in dims):
+            shown = "x".join(d.dim_param or (str(d.dim_value) if d.dim_value > 0 else "?")
+                             for d in tensor.shape.dim)
+            names = [d.dim_param or "?" for d in tensor.shape.dim if d.dim_value <= 0]
+            example = "x".join(str(d.dim_value) if d.dim_value > 0 else "1" for d in tensor.shape.dim)
             raise ValueError(
-                f"input {value.name!r} has a symbolic shape {dims}: bind it with --batch N or "
-                f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.shapes)")
+                f"input {value.name!r} has the symbolic shape {shown} ({', '.join(names)} unbound): "
+                f"bind it with --input-shape {value.name}={example} (a number for "
+                f"{', '.join(names)}) or --batch 1 (Python: shapes= / batch=, tvm_rammer.shapes)")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         inputs[value.name] = rng.standard_normal(dims).astype(dtype)
     return inputs
@@ -58,8 +63,19 @@ def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
 
     model = onnx.ModelProto.FromString(proto.SerializeToString())
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, inputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # its C++ errors come back as one line below, not on stderr
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        return session.run(None, inputs)
+    except Exception as err:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
+        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+        why = lines[0] if lines else type(err).__name__
+        why = why.split(" : ", 3)[-1] if why.startswith("[ONNXRuntimeError]") else why
+        raise ValueError(f"onnxruntime cannot run this model, so there is no reference to check "
+                         f"against ({why[:300]}); check the model with onnx.checker, or use "
+                         "`tvm-rammer inspect` to see its schedule") from None
 
 
 def _flatten(result) -> list:
