@@ -212,3 +212,20 @@ def test_symbolic_model_tvm_cannot_schedule_compiles_with_our_schedule(monkeypat
 
     with no_cuda_compile():  # TVM's codegen accepts it: every loop nest bound to threads
         assert relax.build(lowered, target=plain_target(TARGET), relax_pipeline=None) is not None
+
+
+def test_gpu_run_and_bench_report_the_default_as_unavailable():
+    """``run`` on a GPU and ``bench``: the default's latency unavailable with the reason (no GPU
+    needed to check the reporting)."""
+    from tvm_rammer.benchmarks.harness import _short
+    from tvm_rammer.runner import format_result
+
+    reason = f"{UNAVAILABLE}: dlight's GEMV rule fails on fused_sum (AssertionError)"
+    text = format_result({"device": "H100", "reference": "onnxruntime", "ok": True,
+                          "rammer": {"max_rel_err": 1e-7, "latency_us": 12.5},
+                          "default": {"error": reason, "latency_us": None, "max_rel_err": None},
+                          "speedup": None})
+    assert f"TVM default: {reason} (latency: unavailable)" in text
+    assert "speedup unavailable  OK" in text
+    assert _short(DefaultPipelineFailed(reason)) == reason
+    assert _short(ValueError("a\nb")) == "ValueError: b"  # others: type and last line, as before
