@@ -9,9 +9,12 @@ tvm-rammer uses the same rules, in the same order, wherever it needs "what TVM w
 - the kernel of an operator that stays an ordinary kernel (TVM's default, uncapped).
 
 One difference, for robustness: a rule that *raises* on a function (dlight's Reduction hits TVM
-InternalErrors on some fused reductions) counts as not applying, and the next rule is tried, so one
-function's failure neither stops the others nor the compilation (:class:`GuardedDefaultSchedule`).
-The function then carries ``rammer.schedule_note`` saying which rule failed and why.
+InternalErrors on some fused reductions, its GEMV rule asserts on some broadcast reductions) counts
+as not applying, and the next rule is tried, so one function's failure neither stops the others nor
+the compilation (:class:`GuardedDefaultSchedule`). When a rule raised and no later rule applies,
+the function gets tvm-rammer's own plain schedule (``tir_templates.plain_schedule``: threads over
+its data-parallel loops). The function then carries ``rammer.schedule_note`` saying which rule
+failed and why, and :class:`GuardedDefaultSchedule` logs one warning naming the function.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import logging
 import tvm
 from tvm import tirx
 from tvm.s_tir import dlight as dl
+
+from .plain_schedule import PLAIN_SCHEDULE, plain_schedule
 
 __all__ = ["default_rules", "default_schedule_pass", "schedule_like_default", "is_scheduled",
            "GuardedDefaultSchedule", "SCHEDULE_NOTE_ATTR", "SCHEDULED_BY_ATTR", "scheduled_by"]
@@ -68,6 +73,12 @@ def schedule_func(func: tirx.PrimFunc, target, rules) -> tuple:
             notes.append(f"scheduled by {type(rule).__name__} instead")
             out = out.with_attr(SCHEDULE_NOTE_ATTR, "; ".join(notes))
         return out, notes
+    if notes:  # a rule raised and none after it applies: our own schedule, not none at all
+        out = plain_schedule(func, target)
+        if out is not None:
+            notes.append("scheduled by tvm-rammer's plain schedule instead")
+            return (out.with_attr(SCHEDULED_BY_ATTR, PLAIN_SCHEDULE)
+                    .with_attr(SCHEDULE_NOTE_ATTR, "; ".join(notes))), notes
     return None, notes
 
 
@@ -94,12 +105,23 @@ class GuardedDefaultSchedule:
             target = target or tvm.target.Target.current(allow_none=False)
             out, notes = schedule_func(func, target, self.rules)
             if notes:
-                LOG.info("tvm-rammer: %s: %s", gv.name_hint, "; ".join(notes))
+                _warn_once(gv.name_hint, "; ".join(notes))
             if out is not None:
                 updated[gv] = out
         for gv, func in updated.items():
             mod[gv] = func
         return mod
+
+
+_WARNED: set = set()
+
+
+def _warn_once(name: str, note: str) -> None:
+    """One warning per function and reason in a process (the rKernel and the reference schedules
+    of one operator meet the same failure)."""
+    if (name, note) not in _WARNED:
+        _WARNED.add((name, note))
+        LOG.warning("tvm-rammer: %s: %s", name, note)
 
 
 def scheduled_by(func: tirx.PrimFunc) -> str | None:

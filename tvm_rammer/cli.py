@@ -166,11 +166,15 @@ def _shape_flag(text: str) -> tuple:
 
 def _bind_model(args) -> None:
     """Load the model argument once, with --input-shape / --batch bound (compile, inspect, run and
-    tune take a ModelProto as well as a path)."""
-    if not hasattr(args, "input_shape") or (not args.input_shape and args.batch is None):
+    tune take a ModelProto as well as a path): a missing, unreadable or empty model file fails
+    here, before anything else (a GPU, a compiler) is looked for."""
+    if not hasattr(args, "input_shape"):
         return  # (`model` and `bench` have a --batch of their own: the batch they build)
     from .frontend import load_onnx
     from .shapes import bind_shapes
+    if not args.input_shape and args.batch is None:
+        args.model_name, args.model = args.model, load_onnx(args.model)
+        return
     shapes = {}
     for name, dims in args.input_shape:
         if name in shapes and shapes[name] != dims:
@@ -209,6 +213,21 @@ def check_output(path: str) -> None:
         raise ValueError(f"-o {path!r} exists and is not writable")
 
 
+def write_whole(path: str, write) -> None:
+    """``write(temporary path)`` beside ``path`` (same suffix), then renamed to ``path``: the file
+    appears only complete; nothing is left behind when ``write`` fails."""
+    import os
+
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial{os.path.splitext(name)[1]}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def cmd_compile(args) -> int:
     import time
 
@@ -241,7 +260,7 @@ def cmd_compile(args) -> int:
             system = TVMSystem(TVM_DEFAULT, target, _config(args))
             ex = system.build(system.lower(frontend.import_onnx(args.model)))
         start = time.perf_counter()
-        done = cross.export(ex, args.output, built_for)
+        done = cross.export(ex, args.output, built_for)  # written whole (a temporary, renamed)
         extra.append(("export_library (CUDA and host code)", time.perf_counter() - start))
         return done
 
@@ -390,11 +409,21 @@ def _check_params(name: str, params: dict) -> None:
     from .models import MODELS
     if name not in MODELS:
         return  # get_model names the valid models
-    known = [p for p in inspect.signature(MODELS[name]).parameters if p != "batch"]
+    signature = inspect.signature(MODELS[name]).parameters
+    known = [p for p in signature if p != "batch"]
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ValueError(f"model {name!r} has no argument {', '.join(map(repr, unknown))}; "
                          f"its arguments: {', '.join(known)} (see `tvm-rammer model --help`)")
+    for key, value in params.items():  # the type of the builder's default, when it has one
+        default = signature[key].default
+        kind = type(default)
+        fits = (default in (None, inspect.Parameter.empty) or isinstance(value, kind)
+                and not (isinstance(value, bool) and kind is not bool)
+                or kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            raise ValueError(f"--param {key}={value!r}: model {name!r} takes {kind.__name__} for "
+                             f"{key} (default {default!r}); e.g. --param {key}={default}")
 
 
 def _model_list() -> str:

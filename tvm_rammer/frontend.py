@@ -21,20 +21,41 @@ from .target import resolve_target
 
 
 def load_onnx(model) -> onnx.ModelProto:
-    """An ONNX ModelProto from a ModelProto, a path or bytes; ValueError with the cause otherwise."""
+    """An ONNX ModelProto from a ModelProto, a path or bytes; ValueError with the cause otherwise
+    (a missing or unreadable file, a graph that computes nothing: :func:`check_computes`)."""
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model))
+        return check_computes(onnx.load_from_string(bytes(model)), "the model")
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isfile(path):
-            raise ValueError(f"ONNX model file {path!r} does not exist")
+            raise ValueError(f"ONNX model file {path!r} does not exist"
+                             + (" (it is a directory)" if os.path.isdir(path) else "")
+                             + "; check the path")
         try:
-            return onnx.load(path)
+            proto = onnx.load(path)
         except Exception as err:  # protobuf raises DecodeError and friends
-            raise ValueError(f"{path!r} is not a readable ONNX model: {err}") from None
+            why = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            raise ValueError(f"{path!r} is not a readable ONNX model ({why}): it is another kind "
+                             "of file or was cut short; export or copy it again") from None
+        return check_computes(proto, repr(path))
     raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def check_computes(proto: onnx.ModelProto, what: str = "the model") -> onnx.ModelProto:
+    """``proto`` when some output of its graph is computed by a node; ValueError naming the
+    problem otherwise (no outputs: an empty or cut file; every output an input or initializer)."""
+    graph = proto.graph
+    if not graph.output:
+        raise ValueError(f"{what} has no graph outputs ({len(graph.node)} nodes): there is nothing "
+                         "to compile; export it again with its outputs")
+    made = {name for node in graph.node for name in node.output}
+    if not any(o.name in made for o in graph.output):
+        names = ", ".join(repr(o.name) for o in graph.output)
+        raise ValueError(f"{what} computes nothing: its output {names} is a graph input or "
+                         "constant, not the result of a node; export the graph that computes it")
+    return proto
 
 
 # onnx.checker serialises the model it checks: past protobuf's 2 GiB (Llama-3.2-1B's shape in
@@ -81,7 +102,7 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None,
     shape folding made, which stay constants."""
     if weights not in ("embedded", "apart"):
         raise ValueError(f"weights={weights!r}: choose 'embedded' or 'apart'")
-    bound = bind_shapes(load_onnx(model), shapes, batch)
+    bound = bind_shapes(check_computes(load_onnx(model)), shapes, batch)
     proto = fold_shape_subgraphs(bound)
     try:
         onnx.checker.check_model(_checkable(proto))

@@ -5,22 +5,21 @@ from __future__ import annotations
 import time
 
 import tvm
-from tvm import relax
 
 from relay_passes.dataflow_graph import DataflowGraph
 
+from .codegen import tvm_default
 from .config import RammerConfig
 from .critical_path import rprogram_critical_paths
 from .frontend import import_onnx, lower
 from .report import summarize
-from .target import plain_target, resolve_target
+from .target import resolve_target
 
 
 def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """TVM's default CUDA Relax pipeline (the baseline "RammerBase"), Relax part only."""
-    plain = plain_target(target)
-    with plain:
-        return relax.get_default_pipeline(plain)(mod)
+    """TVM's default CUDA Relax pipeline (the baseline "RammerBase"), Relax part only;
+    ``codegen.tvm_default.DefaultPipelineFailed`` (one-line reason) where TVM cannot compile it."""
+    return tvm_default.lower_default(mod, target)
 
 
 def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=None,
@@ -39,10 +38,15 @@ def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=
                                    instruments=[*current.instruments, capture]):
         rammer_mod = lower(mod, target, config, profiler)
     start = time.perf_counter()
-    default_mod = lower_default(mod, target)
+    try:
+        default_mod, unavailable = lower_default(mod, target), None
+    except tvm_default.DefaultPipelineFailed as err:  # the baseline is unavailable, said why
+        default_mod, unavailable = None, err.reason
     if timings is not None:
         timings.append(("TVM default pipeline (baseline)", time.perf_counter() - start))
     summary = summarize(rammer_mod, default_mod)
+    if unavailable is not None:
+        summary.update(default_launches=None, default_unavailable=unavailable)
     resolved = resolve_target(target)
     if resolved.kind.name == "rocm":  # what each rProgram's code object says (tvm_rammer.rocm)
         from .rocm.report import add_code_objects  # pylint: disable=import-outside-toplevel

@@ -158,6 +158,9 @@ def summarize(results: list) -> dict:
         "counts": counts,
         "problems": [asdict(r) for r in results if r.status in PROBLEMS],
         "fewer_launches": sum(r.rammer_launches < r.default_launches for r in both),
+        # TVM's default pipeline fails, tvm-rammer compiles: the models only tvm-rammer lowers
+        "default_fails_rammer_lowers": sorted(r.name for r in results if r.status == DEFAULT_FAILS
+                                              and r.rammer_launches is not None),
         "default_launches_total": sum(r.default_launches for r in both),
         "rammer_launches_total": sum(r.rammer_launches for r in both),
     }
@@ -169,7 +172,9 @@ def format_summary(summary: dict) -> str:
              f"{summary['rammer_lowers']}",
              f"tvm-rammer fails where the default lowers: {summary['counts'].get(RAMMER_FAILS, 0)}; "
              f"more launches: {summary['counts'].get(MORE_LAUNCHES, 0)}; timeouts/crashes: "
-             f"{summary['counts'].get(TIMEOUT, 0)}; fewer launches: {summary['fewer_launches']}"]
+             f"{summary['counts'].get(TIMEOUT, 0)}; fewer launches: {summary['fewer_launches']}",
+             f"TVM default fails, tvm-rammer lowers: {len(summary['default_fails_rammer_lowers'])}"
+             f" of {summary['counts'].get(DEFAULT_FAILS, 0)} the default fails"]
     for p in summary["problems"]:
         lines.append(f"  {p['status']:<14} {p['name']}: default {p['default_launches']}, rammer "
                      f"{p['rammer_launches']} {p['error']}")

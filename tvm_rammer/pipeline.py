@@ -46,6 +46,7 @@ from tir_templates.gemv_epilogue import GEMVEpilogue
 
 from .backend import RammerBackend
 from .codegen.tir_pipeline import install as install_tir_pipeline
+from .codegen.tvm_default import DefaultPipelineFailed, run_default
 from .config import RammerConfig
 from .host.cuda_compile import install as install_cuda_compile
 from .launches import count_launches
@@ -56,6 +57,7 @@ from .target import KINDS, is_rammer_target, plain_target, register_tags, rkerne
 from .tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
+DEFAULT_UNAVAILABLE_ATTR = "rammer.default_unavailable"  # why TVM's default could not be compared
 LOG = logging.getLogger("tvm_rammer")
 
 
@@ -167,8 +169,7 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
         unbound = unbound_params(mod)
         if unbound:  # rTasks need static shapes: never worse than TVM's default pipeline
             LOG.warning("tvm-rammer: %s", unbound_message(unbound))
-            plain = plain_target(tgt)
-            return default_pipeline(plain, config.weights)(mod)
+            return _default_or_guarded(mod, plain_target(tgt), config.weights)
         with tgt:
             lowered = tvm.transform.Sequential(rammer_passes(tgt, config, profiler, started))(mod)
         if config.timeline or not unplaced_operators(lowered):
@@ -178,6 +179,20 @@ def rammer_pipeline(target: tvm.target.Target | None = None, config: RammerConfi
     return _pipeline
 
 
+def _default_or_guarded(mod: tvm.IRModule, plain, weights: str = "embedded") -> tvm.IRModule:
+    """TVM's default pipeline of ``mod`` (a model with symbolic shapes); where TVM's default
+    pipeline cannot compile it, the same passes with tvm-rammer's guarded schedule for dlight's
+    (:func:`guarded_default_passes`), and one warning saying so. ``weights``: the config's
+    (:func:`default_pipeline`)."""
+    try:
+        return run_default(default_pipeline(plain, weights), mod, plain)
+    except DefaultPipelineFailed as err:
+        LOG.warning("tvm-rammer: %s; compiled with TVM's default passes and tvm-rammer's "
+                    "schedule where dlight's rules fail", err.reason)
+    with plain:
+        return tvm.transform.Sequential(guarded_default_passes(plain, weights))(mod)
+
+
 def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target,
                     weights: str = "embedded") -> tvm.IRModule:
     """``lowered``, or TVM's default lowering of ``mod`` when that launches fewer kernels: operators
@@ -185,21 +200,25 @@ def _fewer_launches(mod: tvm.IRModule, lowered: tvm.IRModule, target,
     them must never cost more launches than turning tvm-rammer off. TVM's default lowering is made
     only as far as needed to know: its operators before ``FuseOps`` (:func:`default_anchors_at_least`;
     FuseOps takes 13 of the 19 s of DeepSpeech2's, to FuseTIR), then its fused operators
-    (:func:`default_launches_at_least`), then the whole of it. ``weights``: the config's (with
-    "apart", TVM's default lifts its weight-only operators too, as :func:`default_pipeline`)."""
+    (:func:`default_launches_at_least`), then the whole of it. Where TVM's default pipeline cannot
+    compile the model (``codegen.tvm_default``), ``lowered`` is kept, with one warning and the
+    reason in ``DEFAULT_UNAVAILABLE_ATTR``. ``weights``: the config's (with "apart", TVM's default
+    lifts its weight-only operators too, as :func:`default_pipeline`)."""
     plain = plain_target(target)
     ours = count_launches(lowered)
     to_fusion, fusion, finish = default_stages(plain, weights)
-    with plain:
-        before_fusion = tvm.transform.Sequential(to_fusion)(mod)
-    if ours <= default_anchors_at_least(before_fusion):
-        return lowered  # no need to fuse the default's operators to know
-    with plain:
-        fused = tvm.transform.Sequential(fusion)(before_fusion)
-    if ours <= default_launches_at_least(fused):
-        return lowered  # no need to finish TVM's default lowering to know
-    with plain:
-        default = tvm.transform.Sequential(finish)(fused)
+    try:
+        before_fusion = run_default(tvm.transform.Sequential(to_fusion), mod, plain)
+        if ours <= default_anchors_at_least(before_fusion):
+            return lowered  # no need to fuse the default's operators to know
+        fused = run_default(tvm.transform.Sequential(fusion), before_fusion, plain)
+        if ours <= default_launches_at_least(fused):
+            return lowered  # no need to finish TVM's default lowering to know
+        default = run_default(tvm.transform.Sequential(finish), fused, plain)
+    except DefaultPipelineFailed as err:
+        LOG.warning("tvm-rammer: %s; tvm-rammer's lowering is kept (%d kernel launches)",
+                    err.reason, ours)
+        return lowered.with_attr(DEFAULT_UNAVAILABLE_ATTR, err.reason)
     theirs = count_launches(default)
     if ours <= theirs:
         return lowered
@@ -269,6 +288,15 @@ def _default_backend(target: tvm.target.Target):
         return cpu_backend
     raise ValueError(f"no default pipeline with weights apart for target kind "
                      f"{target.kind.name!r}: use a CUDA, ROCm or llvm target")
+
+
+def guarded_default_passes(target: tvm.target.Target, weights: str = "embedded") -> list:
+    """:func:`default_passes` with dlight's ``ApplyDefaultSchedule`` replaced by tvm-rammer's
+    guarded one (``tir_templates.default_schedule``: the next rule where a rule raises, then a plain
+    schedule of ours): what compiles a model TVM's default pipeline rejects, when tvm-rammer cannot
+    make rPrograms of it (symbolic shapes)."""
+    return [default_schedule_pass() if p.info.name == "ApplyDefaultSchedule" else p
+            for p in default_passes(target, weights)]
 
 
 def default_stages(target: tvm.target.Target, weights: str = "embedded") -> tuple:

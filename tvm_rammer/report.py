@@ -63,7 +63,10 @@ def format_schedule(summary: dict) -> str:
     """A short human-readable schedule."""
     lines = [f"rPrograms: {summary['rprograms']}   kernel launches per inference: "
              f"{summary['launches']}" + (f" (TVM default pipeline: {summary['default_launches']})"
-                                         if "default_launches" in summary else "")]
+                                         if summary.get("default_launches") is not None else "")]
+    if summary.get("default_unavailable"):
+        lines.append(f"{summary['default_unavailable']} (its launches: unavailable); "
+                     "tvm-rammer's schedule above is what compiles")
     if summary.get("critical_path"):
         path = summary["critical_path"]
         lines.append(f"critical path: {path['operators']} dependent operators, "

@@ -10,6 +10,7 @@ import tvm
 from tvm import relax
 
 from . import faults
+from .codegen.tvm_default import default_pipeline, reason_of
 from .host import packages
 from .config import RammerConfig
 from .frontend import import_onnx, load_onnx
@@ -36,9 +37,14 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
         tensor = value.type.tensor_type
         dims = [d.dim_value for d in tensor.shape.dim]
         if any(d <= 0 for d in dims):
+            shown = "x".join(d.dim_param or (str(d.dim_value) if d.dim_value > 0 else "?")
+                             for d in tensor.shape.dim)
+            names = [d.dim_param or "?" for d in tensor.shape.dim if d.dim_value <= 0]
+            example = "x".join(str(d.dim_value) if d.dim_value > 0 else "1" for d in tensor.shape.dim)
             raise ValueError(
-                f"input {value.name!r} has a symbolic shape {dims}: bind it with --batch N or "
-                f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.shapes)")
+                f"input {value.name!r} has the symbolic shape {shown} ({', '.join(names)} unbound): "
+                f"bind it with --input-shape {value.name}={example} (a number for "
+                f"{', '.join(names)}) or --batch 1 (Python: shapes= / batch=, tvm_rammer.shapes)")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         if np.issubdtype(dtype, np.integer):
             inputs[value.name] = np.zeros(dims, dtype)
@@ -69,8 +75,19 @@ def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
         return _reference_from_file(proto, inputs)
     model = onnx.ModelProto.FromString(proto.SerializeToString())
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, inputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # its C++ errors come back as one line below, not on stderr
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        return session.run(None, inputs)
+    except Exception as err:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
+        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+        why = lines[0] if lines else type(err).__name__
+        why = why.split(" : ", 3)[-1] if why.startswith("[ONNXRuntimeError]") else why
+        raise ValueError(f"onnxruntime cannot run this model, so there is no reference to check "
+                         f"against ({why[:300]}); check the model with onnx.checker, or use "
+                         "`tvm-rammer inspect` to see its schedule") from None
 
 
 def _reference_from_file(proto: onnx.ModelProto, inputs: dict) -> list:
@@ -154,15 +171,26 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
                "reference": "onnxruntime" if ref is not None else REFERENCE_DEFAULT}
     outputs = {}
     for label, tgt in (("rammer", rammer), ("default", plain_target(rammer))):
-        pipe = rammer_pipeline(rammer, config) if label == "rammer" else "default"
-        ex = tvm.compile(mod, target=tgt, relax_pipeline=pipe)
+        pipe = rammer_pipeline(rammer, config) if label == "rammer" else default_pipeline(tgt)
+        try:
+            ex = tvm.compile(mod, target=tgt, relax_pipeline=pipe)
+        except Exception as err:  # noqa: BLE001  (TVM's own pipeline may fail on a model)
+            if label == "rammer":
+                raise
+            results[label] = {"error": reason_of(err), "latency_us": None, "max_rel_err": None}
+            continue
         outputs[label], median = execute(ex, inputs, dev, runs)
         results[label] = {"latency_us": median}
-    ref = outputs["default"] if ref is None else ref
+    if ref is None:
+        if "default" not in outputs:
+            raise ValueError(f"no reference to check against: onnxruntime is not installed and "
+                             f"{results['default']['error']} (pip install onnxruntime)")
+        ref = outputs["default"]
     for label, outs in outputs.items():
         errs = [relative_error(o, r) for o, r in zip(outs, ref)]
         results[label]["max_rel_err"] = max(errs) if errs else 0.0
-    results["speedup"] = results["default"]["latency_us"] / results["rammer"]["latency_us"]
+    results["speedup"] = (results["default"]["latency_us"] / results["rammer"]["latency_us"]
+                          if "default" in outputs else None)
     if tolerance is None:
         tolerance = model_tolerance_of(proto, config)
     results["tolerance"] = tolerance
@@ -256,11 +284,14 @@ def format_result(result: dict) -> str:
     """Error (against ``result["reference"]``) and latency of rammer next to TVM's default
     pipeline."""
     r, d = result["rammer"], result["default"]
+    default = (f"TVM default: {d['error']} (latency: unavailable)\n" if d.get("error") else
+               f"TVM default: max rel err {d['max_rel_err']:.2e}  median {d['latency_us']:8.2f} us\n")
+    speedup = "speedup unavailable" if result.get("speedup") is None else \
+        f"speedup {result['speedup']:.2f}x"
     return (f"device {result['device']}; outputs checked against "
             f"{result.get('reference', 'onnxruntime')}\n"
             f"tvm-rammer : max rel err {r['max_rel_err']:.2e}  median {r['latency_us']:8.2f} us\n"
-            f"TVM default: max rel err {d['max_rel_err']:.2e}  median {d['latency_us']:8.2f} us\n"
-            f"speedup {result['speedup']:.2f}x  {'OK' if result['ok'] else 'MISMATCH'}")
+            f"{default}{speedup}  {'OK' if result['ok'] else 'MISMATCH'}")
 
 
 def _demo_emulated(model, target, config) -> int:

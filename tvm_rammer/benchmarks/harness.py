@@ -130,6 +130,10 @@ def device_info(gpu: bool) -> dict:
 # --- one model, all systems (runs in the worker) ---------------------------------------------
 
 def _short(err: BaseException) -> str:
+    from ..codegen.tvm_default import DefaultPipelineFailed  # pylint: disable=import-outside-toplevel
+
+    if isinstance(err, DefaultPipelineFailed):  # already one line: TVM's default cannot compile it
+        return err.reason[:400]
     lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
     return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:400]
 

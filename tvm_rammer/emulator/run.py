@@ -10,6 +10,7 @@ The result has the GPU run's keys (``rammer.max_rel_err``, ``default.max_rel_err
 
 from __future__ import annotations
 
+from ..codegen.tvm_default import reason_of
 from ..config import RammerConfig
 from ..frontend import load_onnx
 from ..host import packages
@@ -52,8 +53,7 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
         except Exception as err:  # noqa: BLE001  (TVM's own pipeline may fail on a model)
             if label == "rammer":
                 raise
-            why = ": ".join(x for x in (type(err).__name__, _last_line(err)) if x)
-            results[label] = {"error": f"TVM's default pipeline cannot compile this model ({why})"}
+            results[label] = {"error": reason_of(err)}
             continue
         run = emulate(build, feeds, order=order, wall_limit_s=wall_limit_s)
         outputs[label] = run.outputs
@@ -73,11 +73,6 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
     results["tolerance"] = model_tolerance_of(proto, config) if tolerance is None else tolerance
     results["ok"] = results["rammer"]["max_rel_err"] <= results["tolerance"]
     return results
-
-
-def _last_line(err: Exception) -> str:
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def format_result(result: dict) -> str:

@@ -27,16 +27,25 @@ def save_model(model: onnx.ModelProto, path: str, external_data: bool | None = N
     1.8 GB; True / False force it either way. Returns the data file's path, or None when the
     model is a single file. ``onnx.load(path)`` reads both back (the location is relative to the
     model file's folder). With external data, onnx moves the weights out of ``model`` itself (its
-    initializers then point at the file)."""
+    initializers then point at the file). The model file is written under a temporary name beside
+    ``path`` and renamed: it appears only complete (its data file, when there is one, first)."""
     if external_data is None:
         external_data = weight_bytes(model) > EXTERNAL_ABOVE
-    if not external_data:
-        onnx.save(model, path)
-        return None
-    location = os.path.basename(path) + ".data"
-    data = os.path.join(os.path.dirname(os.path.abspath(path)), location)
-    if os.path.exists(data):
-        os.remove(data)  # onnx appends to an existing data file
-    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-              location=location, size_threshold=1024)
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    data = None
+    try:
+        if external_data:
+            location = name + ".data"  # the final name's: the renamed model file still finds it
+            data = os.path.join(folder, location)
+            if os.path.exists(data):
+                os.remove(data)  # onnx appends to an existing data file
+            onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=location, size_threshold=1024)
+        else:
+            onnx.save(model, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return data
