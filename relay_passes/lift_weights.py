@@ -1,12 +1,12 @@
-"""LiftWeightTransforms: what ``main`` computes from its weights alone moves to ``transform_params``.
+"""LiftWeightTransforms: what ``main`` computes from its weights alone goes to ``transform_params``.
 
-TVM's ``LiftTransformParams`` pattern, written for tvm-rammer's pipeline. A model imported with its
-weights as parameters (``from_onnx(..., keep_params_in_input=True)``: ``main(inputs..., weights...)``
-with the function attribute ``num_input``) still gets every weight rewrite of the pipeline (batch
-norm folded into the conv's weights, W cut into row blocks, columns interleaved, reshapes of biases):
-the rewrites emit them as operators on the weight parameters instead of numpy values. This pass
-then takes every binding of ``main`` that reads weights (and constants) only, and no input, out of
-``main`` into a function ``transform_params``, called once after loading:
+TVM's ``LiftTransformParams`` pattern, written for tvm-rammer's pipeline. A model imported with
+its weights as parameters (``from_onnx(..., keep_params_in_input=True)``: ``main(inputs...,
+weights...)`` with the function attribute ``num_input``) still gets every weight rewrite of the
+pipeline (batch norm folded into the conv's weights, W cut into row blocks, columns interleaved,
+reshapes of biases): the rewrites emit them as operators on the weight parameters instead of numpy
+values. This pass then takes every binding of ``main`` that reads weights (and constants) only,
+and no input, out of ``main`` into a function ``transform_params``, called once after loading:
 
     w = transform_params(*raw_weights)     # a tuple: the weights main reads, transformed
     out = main(*inputs, *w)

@@ -60,6 +60,6 @@ case "$cmd" in
     exec python3 -m tvm_rammer.runtime.lease_steps run "$out" --lease "$LEASE" \
       --budget-s "${LEASE_BUDGET_S:-540}" --install-s $(( $(date +%s) - t0 )) ;;
   *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     [ -z "$cmd" ] || [ "$cmd" = "-h" ] || [ "$cmd" = "--help" ] || exit 2 ;;
 esac

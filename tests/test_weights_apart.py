@@ -52,7 +52,8 @@ def conv_bn_model(seed=0):
 
     inits = [init("w1", 8, 3, 3, 3), init("g1", 8, positive=True), init("b1", 8), init("m1", 8),
              init("v1", 8, positive=True), init("w2", 4, 8, 1, 1), init("c2", 4),
-             init("g2", 4, positive=True), init("b2", 4), init("m2", 4), init("v2", 4, positive=True)]
+             init("g2", 4, positive=True), init("b2", 4), init("m2", 4),
+             init("v2", 4, positive=True)]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["y1", "g1", "b1", "m1", "v1"], ["n1"]),
              helper.make_node("Relu", ["n1"], ["r1"]),
@@ -60,7 +61,8 @@ def conv_bn_model(seed=0):
              helper.make_node("BatchNormalization", ["y2", "g2", "b2", "m2", "v2"], ["out"])]
     graph = helper.make_graph(nodes, "conv_bn",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                             [1, 4, 8, 8])],
                               inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
@@ -148,7 +150,8 @@ def test_the_rewrites_fire_with_the_weights_apart(built):
         assert any(n.startswith("multiply") for n in transform)  # W * scale, once per conv
     else:
         cells = [n for n in main_apart if n.startswith("fused_gemv_epilogue")]
-        assert cells and len(cells) == sum(n.startswith("fused_gemv_epilogue") for n in main_embedded)
+        assert cells and len(cells) == sum(n.startswith("fused_gemv_epilogue")
+                                           for n in main_embedded)
         assert any(n.startswith("strided_slice") for n in transform)  # SplitMatMulOverConcat
         assert any(n.startswith("interleave") for n in transform)  # GEMVEpilogueFusion
         assert not any(n.startswith("interleave") for n in main_apart)
@@ -194,14 +197,16 @@ def test_pack_func_writes_the_blob_layout():
     the embedded blob holds); checked unscheduled on llvm for float32, float16 and int64."""
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((3, 5)).astype("float32"),
-              rng.standard_normal(7).astype("float16"), np.arange(4, dtype="int64").reshape(2, 2) - 3]
+              rng.standard_normal(7).astype("float16"),
+              np.arange(4, dtype="int64").reshape(2, 2) - 3]
     offsets, size = [], 0
     for a in arrays:
         offsets.append(size)
         size += -(-a.nbytes // 64) * 64
     func = pack_func([(a.shape, str(a.dtype), o) for a, o in zip(arrays, offsets)], size,
                      threads=None)
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                      target="llvm")
     out = tvm.runtime.tensor(np.full(size, 7, "uint8"))
     lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
     want = np.zeros(size, "uint8")
@@ -348,3 +353,23 @@ def test_rammer_build_apart_on_the_emulator_gives_onnxruntimes_outputs(rammer_bu
     got = list(got) if isinstance(got, tuple) else [got]
     for g, w in zip(got, run_onnxruntime(model, feeds)):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_initializers_listed_as_inputs_are_weights_once():
+    """IR < 4 style (initializers also graph inputs): each is one weight, and TVM's default
+    pipeline apart gives onnxruntime's outputs."""
+    from tvm_rammer.pipeline import default_pipeline
+    from tvm_rammer.runner import onnx_reference
+
+    model = conv_bn_model()
+    model.graph.input.extend(helper.make_tensor_value_info(i.name, i.data_type, i.dims)
+                             for i in model.graph.initializer)
+    mod = import_onnx(model, weights="apart")
+    assert len(mod["main"].params) == 1 + len(model.graph.initializer)
+    llvm = tvm.target.Target("llvm")
+    ex = tvm.compile(mod, target=llvm, relax_pipeline=default_pipeline(llvm, "apart"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    weights = vm[TRANSFORM_NAME](*_raw(model))  # Conv's bias reshaped: lifted
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
+    got = _outputs(vm["main"](tvm.runtime.tensor(x), *weights))
+    np.testing.assert_allclose(got[0], onnx_reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)

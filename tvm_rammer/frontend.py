@@ -103,6 +103,8 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None,
     if weights not in ("embedded", "apart"):
         raise ValueError(f"weights={weights!r}: choose 'embedded' or 'apart'")
     bound = bind_shapes(check_computes(load_onnx(model)), shapes, batch)
+    if weights == "apart":
+        bound = _initializers_not_inputs(bound)
     proto = fold_shape_subgraphs(bound)
     try:
         onnx.checker.check_model(_checkable(proto))
@@ -133,6 +135,21 @@ def _import_error(err: Exception, printed: str, proto: onnx.ModelProto) -> str:
     return (f"TVM's ONNX frontend cannot import operator {found.group(1)} of this model (opset "
             f"{opset}): {type(err).__name__} {last}; export the model at another opset or without "
             f"this operator")
+
+
+def _initializers_not_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` without the graph inputs that are initializers (IR < 4 and
+    ``keep_initializers_as_inputs`` exports list them; the frontend would make each a parameter
+    twice): a copy at IR version 4 or later, or ``proto`` itself when none is listed."""
+    inits = {i.name for i in proto.graph.initializer}
+    if not any(v.name in inits for v in proto.graph.input):
+        return proto
+    out = onnx.ModelProto.FromString(proto.SerializeToString())
+    kept = [v for v in out.graph.input if v.name not in inits]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    out.ir_version = max(out.ir_version, 4)
+    return out
 
 
 def _weights_as_params(mod: tvm.IRModule, proto, raw_names: list) -> tvm.IRModule:
@@ -189,7 +206,7 @@ def compile(model, target="rammer/nvidia-h100", config: RammerConfig | None = No
     Returns the ``tvm.relax.VMExecutable`` that ``tvm.compile`` returns; run it with
     ``relax.VirtualMachine(ex, tvm.cuda())``.
     """
-    mod = _module(model, shapes, batch, (config or RammerConfig()).weights)
+    mod = _module(model, shapes, batch, getattr(config, "weights", "embedded"))
     target = resolve_target(target)
     return tvm.compile(mod, target=target, relax_pipeline=rammer_pipeline(target, config, profiler))
 

@@ -184,14 +184,15 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
     writes the ``.npz`` even with a ``model``. Returns ``{"library", "manifest", "weights_file",
     "binary", "bytes", "transform"}`` (``binary``: True/False for a CUDA module compiled here or
     kept as source, None without one or without the cross helper)."""
-    from dataclasses import replace  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel  (the compiler only when building)
+    from dataclasses import replace
 
-    import tvm  # pylint: disable=import-outside-toplevel
+    import tvm
 
-    from tvm_rammer.config import RammerConfig  # pylint: disable=import-outside-toplevel
-    from tvm_rammer.frontend import import_onnx, load_onnx  # pylint: disable=import-outside-toplevel
-    from tvm_rammer.pipeline import default_pipeline, rammer_pipeline  # pylint: disable=import-outside-toplevel
-    from tvm_rammer.target import plain_target, resolve_target, target_arch  # pylint: disable=import-outside-toplevel
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.frontend import import_onnx, load_onnx
+    from tvm_rammer.pipeline import default_pipeline, rammer_pipeline
+    from tvm_rammer.target import plain_target, resolve_target, target_arch
 
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline={pipeline!r}: choose one of {PIPELINES}")
