@@ -89,7 +89,7 @@ PY
 
 device_slug() {
   [ -n "${GPU_CHECK_DRY:-}" ] && { echo dry; return; }
-  python3 -c "import re; from tvm_rammer.gpu import local_gpu; \
+  python3 -c "import re; from tvm_rammer.host.gpu import local_gpu; \
 print(re.sub(r'[^a-z0-9]+', '-', local_gpu().id.name.lower()).strip('-'))"
 }
 

@@ -58,7 +58,7 @@ logging.getLogger("tvm_rammer").setLevel(logging.ERROR)
 from tvm_rammer.backend import make_profiler
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import resolve_target
 from tvm_rammer.tuning import measure

@@ -147,7 +147,7 @@ def cpu_run(tmp_path_factory):
 
 
 def test_cli_bench_on_cpu_compiles_counts_and_says_timing_needs_a_gpu(cpu_run):
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("the CPU-only message is printed only without a GPU")

@@ -98,7 +98,7 @@ def test_doctor_json_is_one_object_with_statuses(capsys):
 
 
 def test_doctor_says_which_tag_matches_a_gpu_and_when_the_default_does_not(monkeypatch):
-    from tvm_rammer import gpu
+    from tvm_rammer.host import gpu
 
     local = gpu.LocalGPU(None, gpu.DeviceId("NVIDIA A100-SXM4-80GB", "sm_80", "550.1"))
     monkeypatch.setattr(gpu, "local_gpu", lambda: local)

@@ -8,7 +8,7 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from conftest_tir import TARGET, schedule, scheduled_kernel, single_op_module
-from tvm_rammer.gpu import DeviceId, LocalGPU, local_gpu
+from tvm_rammer.host.gpu import DeviceId, LocalGPU, local_gpu
 from tvm_rammer.target import capped_target
 from tvm_rammer.tuning.measure import CudaDevice, KernelJob, param_specs
 from tvm_rammer.tuning.versions import func_key

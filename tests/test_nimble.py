@@ -100,7 +100,7 @@ def test_stream_assignment_of_a_diamond_and_bad_input():
 
 
 def test_nimble_columns_are_opt_in_and_the_cli_compiles_them_on_the_cpu(tmp_path):
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     assert BenchOptions().selected_systems() == SYSTEMS
     assert BenchOptions(systems=("nimble", "tvm-rammer", "ios")).selected_systems() == \
@@ -125,7 +125,7 @@ def test_nimble_columns_are_opt_in_and_the_cli_compiles_them_on_the_cpu(tmp_path
 
 
 def test_nimble_executor_says_what_it_needs_without_a_gpu():
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("checks the CPU path")

@@ -11,7 +11,7 @@ from fake_device import FakeDevice
 from tvm_rammer import policy
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.frontend import import_onnx
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.tuning.measure import CudaDevice

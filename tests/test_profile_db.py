@@ -9,7 +9,7 @@ import pytest
 from conftest_tir import TARGET, scheduled_kernel
 from fake_device import FakeDevice
 from tir_templates.prelower import prelower
-from tvm_rammer.gpu import DeviceId
+from tvm_rammer.host.gpu import DeviceId
 from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
 from tvm_rammer.rtask import RKernel, ROperator
 from tvm_rammer.tuning.measure import KernelJob

@@ -18,7 +18,7 @@ import tvm
 import fake_device
 from fake_device import FakeDevice
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.tuning import measure
 from tvm_rammer.tuning.measure import CudaDevice, KernelJob, tolerance_for
 from tvm_rammer.tuning.profile_db import JsonProfileDB, open_profile_db
@@ -506,7 +506,7 @@ with open({str(mark)!r}, "a") as f:
     f.write("run\\n")
 import tvm
 import fake_device
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.tuning.measure import CudaDevice
 device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90a")),
                     tvm.target.Target({{"kind": "cuda", "arch": "sm_90a"}}), run_timeout_s=120)

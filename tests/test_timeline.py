@@ -212,7 +212,7 @@ def test_in_context_records_are_per_rkernel_and_marked():
 
 
 def test_in_context_records_go_to_the_profile_db_under_their_own_kind(tmp_path):
-    from tvm_rammer.gpu import DeviceId
+    from tvm_rammer.host.gpu import DeviceId
     from tvm_rammer.tuning.profile_db import open_profile_db
 
     schedule_ = figure9_schedule()
@@ -338,7 +338,7 @@ def test_inspect_timeline_text_mode_prints_the_shares(model_files, tmp_path, cap
 
 def test_run_timeline_without_a_gpu_says_not_measured(model_files, capsys):
     from tvm_rammer.cli import main
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is visible: the measured timeline is tested in test_measured_timeline_*")
@@ -503,7 +503,7 @@ def test_return_timelines_before_expected():
 @pytest.mark.gpu
 def test_measured_timeline_of_the_demo_model(model_files, tmp_path):
     from tvm_rammer import runner
-    from tvm_rammer.gpu import local_gpu
+    from tvm_rammer.host.gpu import local_gpu
 
     found = runner.run_timeline(str(model_files["branches"]), "rammer/nvidia-h100")
     assert found["max_rel_err"] <= 1e-4  # the instrumented kernel still computes the model

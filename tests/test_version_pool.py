@@ -145,7 +145,7 @@ def test_a_compile_that_makes_versions_in_workers_chooses_what_one_making_them_h
 
 
 def test_a_device_with_few_build_processes_lends_none():
-    from tvm_rammer.gpu import DeviceId, LocalGPU
+    from tvm_rammer.host.gpu import DeviceId, LocalGPU
     from tvm_rammer.tuning.measure import VERSION_WORKERS_FROM, CudaDevice
 
     few = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90a")), TARGET, build_workers=2)

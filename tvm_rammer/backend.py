@@ -622,7 +622,7 @@ def make_profiler(target, config: RammerConfig, device=None, started: float | No
     ``profile_budget_s``."""
     import os
 
-    from .gpu import local_gpu
+    from .host.gpu import local_gpu
     from .target import same_arch
     from .tuning.measure import CudaDevice
     from .tuning.profile_db import (JsonProfileDB, default_cache_path, open_profile_db,

@@ -480,7 +480,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     if args.gpu:
-        from .gpu import gpu_available
+        from .host.gpu import gpu_available
 
         if not gpu_available():
             raise ValueError("--gpu: no CUDA GPU is visible; run without --gpu to check the "

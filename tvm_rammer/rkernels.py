@@ -27,7 +27,7 @@ LOG = logging.getLogger("tvm_rammer")
 
 def vdevice_for(target: tvm.target.Target, config: RammerConfig) -> VDevice:
     """The vDevice: the local GPU when one of the target's arch is visible, else the arch's preset."""
-    from .gpu import local_gpu
+    from .host.gpu import local_gpu
     from .target import same_arch, target_arch
 
     overrides = {}

@@ -13,7 +13,7 @@ from . import faults
 from .host import packages
 from .config import RammerConfig
 from .frontend import import_onnx, load_onnx
-from .gpu import gpu_available
+from .host.gpu import gpu_available
 from .numerics import model_tolerance, relative_error
 from .pipeline import rammer_pipeline
 from .shapes import bind_shapes
@@ -203,7 +203,7 @@ def record_in_context(measured, schedules, config: RammerConfig | None = None) -
     database (``config.profile_db``, else the per-user cache) as kind "in_context", for the local
     GPU; returns how many records were written."""
     from . import timeline
-    from .gpu import local_gpu
+    from .host.gpu import local_gpu
     from .tuning.profile_db import default_cache_path, open_profile_db
 
     gpu = local_gpu()

@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=8)
     args = p.parse_args(argv)
     from tvm_rammer.benchmarks.harness import git_commit
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if not gpu_available():
         print("tvm-rammer stress: no CUDA GPU is visible: nothing measured", file=sys.stderr)

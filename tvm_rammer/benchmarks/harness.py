@@ -105,7 +105,7 @@ def device_info(gpu: bool) -> dict:
         return info
     import tvm
 
-    from ..gpu import local_gpu
+    from ..host.gpu import local_gpu
 
     local = local_gpu()
     dev = local.dev
@@ -273,7 +273,7 @@ def _tolerance_of(config: dict) -> float:
 
 def measure_device(target: str) -> dict:
     """Worker job: the device description and the peaks (measured on a GPU, nominal otherwise)."""
-    from ..gpu import gpu_available
+    from ..host.gpu import gpu_available
     from . import floor as floor_mod
 
     gpu = gpu_available()
@@ -372,7 +372,7 @@ def _run_guarded(worker_box: list, job: dict, timeout_s: float, on_event) -> str
 
 def run_bench(options: BenchOptions, progress=None) -> dict:
     """Run every model of ``options`` on every selected system; the results document."""
-    from ..gpu import gpu_available
+    from ..host.gpu import gpu_available
     from . import floor as floor_mod
     from .progress import Progress
 

@@ -61,7 +61,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from ..gpu import DeviceId, LocalGPU
+from ..host.gpu import DeviceId, LocalGPU
 from ..target import target_arch, target_spec
 from ..numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 

@@ -65,7 +65,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..gpu import DeviceId
+from ..host.gpu import DeviceId
 from ..vdevice import VDevice
 from .deferred import LateVersionError, Unmade, made_func
 from .measure import BudgetSpent, KernelJob, MeasureDevice

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..config import RammerConfig
-from ..gpu import local_gpu
+from ..host.gpu import local_gpu
 
 __all__ = ["RPCTracker", "NO_DEVICE", "pre_schedule_module", "extract_tasks", "tune"]
 
