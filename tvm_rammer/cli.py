@@ -157,7 +157,7 @@ def _positive_int(text: str) -> int:
 
 def _shape_flag(text: str) -> tuple:
     """argparse type of --input-shape: NAME=DIMS -> (NAME, dims)."""
-    from .shapes import parse_shape_flag
+    from .onnx_prep.shapes import parse_shape_flag
     try:
         return parse_shape_flag(text)
     except ValueError as err:
@@ -170,7 +170,7 @@ def _bind_model(args) -> None:
     if not hasattr(args, "input_shape") or (not args.input_shape and args.batch is None):
         return  # (`model` and `bench` have a --batch of their own: the batch they build)
     from .frontend import load_onnx
-    from .shapes import bind_shapes
+    from .onnx_prep.shapes import bind_shapes
     shapes = {}
     for name, dims in args.input_shape:
         if name in shapes and shapes[name] != dims:

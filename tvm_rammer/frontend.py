@@ -11,9 +11,9 @@ import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
 from .config import RammerConfig
-from .onnx_fold import fold_shape_subgraphs
+from .onnx_prep.onnx_fold import fold_shape_subgraphs
 from .pipeline import rammer_pipeline
-from .shapes import UNBOUND_ATTR, bind_shapes, unbound_inputs
+from .onnx_prep.shapes import UNBOUND_ATTR, bind_shapes, unbound_inputs
 from .target import resolve_target
 
 
@@ -38,8 +38,8 @@ def import_onnx(model, shapes: dict | None = None, batch: int | None = None) -> 
     """The ONNX model as a Relax module (weights become constants).
 
     ``shapes`` ({input name: shape}) and ``batch`` bind symbolic input dimensions first
-    (:func:`tvm_rammer.shapes.bind_shapes`), and shape computations on static shapes become
-    constants (:func:`tvm_rammer.onnx_fold.fold_shape_subgraphs`); inputs left symbolic are
+    (:func:`tvm_rammer.onnx_prep.shapes.bind_shapes`), and shape computations on static shapes become
+    constants (:func:`tvm_rammer.onnx_prep.onnx_fold.fold_shape_subgraphs`); inputs left symbolic are
     recorded on the module, and the rammer pipeline then compiles it with TVM's default pipeline and
     a warning naming them."""
     proto = fold_shape_subgraphs(bind_shapes(load_onnx(model), shapes, batch))

@@ -49,7 +49,7 @@ from .config import RammerConfig
 from .host.cuda_compile import install as install_cuda_compile
 from .launches import count_launches
 from .report import UNPLACED_ATTR, unplaced_operators
-from .shapes import unbound_message, unbound_params
+from .onnx_prep.shapes import unbound_message, unbound_params
 from .rocm.build import install as install_rocm_build
 from .target import KINDS, is_rammer_target, plain_target, register_tags, rkernel_target
 from .tuning.versions import StashUnscheduled

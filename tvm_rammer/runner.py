@@ -16,7 +16,7 @@ from .frontend import import_onnx, load_onnx
 from .host.gpu import gpu_available
 from .numerics import model_tolerance, relative_error
 from .pipeline import rammer_pipeline
-from .shapes import bind_shapes
+from .onnx_prep.shapes import bind_shapes
 from .target import plain_target, resolve_target
 
 REFERENCE_DEFAULT = "TVM's default pipeline (onnxruntime is not installed)"
@@ -36,7 +36,7 @@ def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict:
         if any(d <= 0 for d in dims):
             raise ValueError(
                 f"input {value.name!r} has a symbolic shape {dims}: bind it with --batch N or "
-                f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.shapes)")
+                f"--input-shape {value.name}=... (Python: shapes= / batch=, tvm_rammer.onnx_prep.shapes)")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         inputs[value.name] = rng.standard_normal(dims).astype(dtype)
     return inputs
@@ -103,7 +103,7 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
               batch: int | None = None) -> dict:
     """Compile with rammer and with TVM's default pipeline, run both, compare with onnxruntime
     (without it: with TVM's default pipeline's outputs; ``result["reference"]`` says which).
-    ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.shapes.bind_shapes``);
+    ``shapes`` / ``batch`` bind symbolic input dimensions (``tvm_rammer.onnx_prep.shapes.bind_shapes``);
     ``tolerance`` defaults to the model's precision's (:func:`model_tolerance_of`)."""
     if not gpu_available():
         raise ValueError("no CUDA GPU is visible; `tvm-rammer run MODEL --emulate` runs the model "

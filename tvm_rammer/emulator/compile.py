@@ -160,7 +160,7 @@ def _relax_pipeline(pipeline, target, config, profiler):
 def _module(model, shapes, batch) -> tuple:
     """(Relax module, bound ONNX ModelProto or None, ONNX input names)."""
     from ..frontend import import_onnx, load_onnx
-    from ..shapes import bind_shapes
+    from ..onnx_prep.shapes import bind_shapes
 
     if isinstance(model, tvm.IRModule):
         if shapes or batch is not None:

@@ -15,7 +15,7 @@ from ..frontend import load_onnx
 from ..host import packages
 from ..numerics import relative_error
 from ..runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
-from ..shapes import bind_shapes
+from ..onnx_prep.shapes import bind_shapes
 from . import emulate, emulation_build
 
 __all__ = ["run_model", "format_result", "PIPELINES"]

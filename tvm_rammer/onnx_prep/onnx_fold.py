@@ -4,7 +4,7 @@
 subgraphs over ``Shape`` (``Shape -> Gather -> Div -> Unsqueeze -> Concat -> Reshape``). TVM 0.27's
 ONNX frontend imports some of them and fails on others (a ``Gather`` of a ``Shape`` that it turned
 into a Relax shape: "shape_of expects a tensor input"). Once the inputs are bound
-(:mod:`tvm_rammer.shapes`), ONNX shape inference knows every tensor's shape, so each ``Shape`` of a
+(:mod:`tvm_rammer.onnx_prep.shapes`), ONNX shape inference knows every tensor's shape, so each ``Shape`` of a
 statically shaped tensor is a constant, and so is every node computed from such constants only.
 
 :func:`fold_shape_subgraphs` evaluates those nodes with ``onnx.reference`` and replaces them by
