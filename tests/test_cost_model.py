@@ -108,7 +108,7 @@ def test_the_l2_figure_can_be_set_per_compilation():
     model; None keeps the model's own."""
     from tvm_rammer.config import RammerConfig
     from tvm_rammer.rkernels import cost_config
-    from tvm_rammer.vdevice import VDevice
+    from tvm_rammer.abstractions.vdevice import VDevice
 
     vdevice = VDevice.for_arch("sm_90a")
     assert cost_config(RammerConfig(), vdevice).l2_bw_gbps == CostModelConfig().l2_bw_gbps

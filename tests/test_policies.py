@@ -14,8 +14,8 @@ from tvm_rammer.config import POLICIES as POLICY_NAMES
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.policies import POLICIES, get_policy, ios, opara
 from tvm_rammer.policy import OpGraph, PolicyConfig, bfs_waves
-from tvm_rammer.rtask import RKernel, ROperator
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.rtask import RKernel, ROperator
+from tvm_rammer.abstractions.vdevice import VDevice
 
 from test_policy import global_order, random_case
 

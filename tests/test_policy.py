@@ -7,8 +7,8 @@ import pytest
 
 from tvm_rammer.cost_model import CostModelConfig, rtask_time_us
 from tvm_rammer.policy import OpGraph, PolicyConfig, replace_cost, schedule, schedule_wave, select_rkernels
-from tvm_rammer.rtask import BarrierRTask, RKernel, ROperator, RTask
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.rtask import BarrierRTask, RKernel, ROperator, RTask
+from tvm_rammer.abstractions.vdevice import VDevice
 
 H100 = VDevice.for_arch("sm_90")
 

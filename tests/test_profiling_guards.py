@@ -336,7 +336,7 @@ def test_the_policy_times_only_close_choices():
     margin only the close one asks the profile for times."""
     from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
     from tvm_rammer.rkernels import ROperator, RKernel
-    from tvm_rammer.vdevice import VDevice
+    from tvm_rammer.abstractions.vdevice import VDevice
 
     vdevice = VDevice(num_sms=132)
     kernels = [RKernel("k", 16, 256, 32, 0, 0.01, "t")]  # launches dominate: merging clearly wins
@@ -569,7 +569,7 @@ def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
 def test_the_plan_key_changes_with_the_table():
     from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
     from tvm_rammer.rkernels import ROperator, RKernel
-    from tvm_rammer.vdevice import VDevice
+    from tvm_rammer.abstractions.vdevice import VDevice
 
     graph = OpGraph(ops={0: ROperator(0, "op0", [RKernel("k", 16, 256, 32, 0, 5.0, "t")])},
                     preds={}, waves=[[0]])

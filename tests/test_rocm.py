@@ -22,7 +22,7 @@ from tvm_rammer.rocm import codeobject, helpers, toolchain
 from tvm_rammer.rocm.dialect import waves_per_eu
 from tvm_rammer.rocm.early_exit import guard_work
 from tvm_rammer.rocm.occupancy import veus_per_cu
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.vdevice import VDevice
 from tir_templates.prelower import UnsupportedKernel
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -12,9 +12,9 @@ import pytest
 from tvm_rammer import timeline, timeline_view
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.policy import OpGraph, PolicyConfig, RProgramPlan, schedule
-from tvm_rammer.rprogram import RProgram
-from tvm_rammer.rtask import RKernel, ROperator, RTask
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.rprogram import RProgram
+from tvm_rammer.abstractions.rtask import RKernel, ROperator, RTask
+from tvm_rammer.abstractions.vdevice import VDevice
 
 EPS = 1e-6
 

@@ -54,7 +54,7 @@ def test_the_estimates_see_occupancy_and_block_latency():
     rounds, so the rProgram is estimated slower; the 16 one-block GEMVs of the demo are not."""
     from tvm_rammer.policy import OpGraph, bfs_waves, schedule
     from tvm_rammer.rkernels import policy_config, vdevice_for
-    from tvm_rammer.rtask import ROperator, RKernel
+    from tvm_rammer.abstractions.rtask import ROperator, RKernel
 
     config = RammerConfig(profile=False, num_sms=132)
     vdevice = vdevice_for(rammer_target(TARGET), config)

@@ -17,7 +17,7 @@ from tir_templates.prelower import UnsupportedKernel, bound_launch, prelower
 from tvm_rammer.tuning import versions as versions_mod
 from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, dlight_schedules,
                                         kernel_versions, unscheduled_funcs)
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.vdevice import VDevice
 
 CASES = {
     "matmul": MODELS["matmul"],

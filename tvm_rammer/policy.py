@@ -39,9 +39,9 @@ from typing import Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 
 from .cost_model import CostModelConfig
-from .rprogram import RProgram
-from .rtask import RKernel, ROperator, RTask
-from .vdevice import VDevice
+from .abstractions.rprogram import RProgram
+from .abstractions.rtask import RKernel, ROperator, RTask
+from .abstractions.vdevice import VDevice
 
 __all__ = [
     "OpGraph",

@@ -19,8 +19,8 @@ from tvm import s_tir, sym
 from .config import RammerConfig
 from .cost_model import CostModelConfig, rtask_time_us
 from .policy import OpGraph, PolicyConfig, bfs_waves, schedule_units
-from .rtask import RKernel, ROperator
-from .vdevice import VDevice
+from .abstractions.rtask import RKernel, ROperator
+from .abstractions.vdevice import VDevice
 
 LOG = logging.getLogger("tvm_rammer")
 

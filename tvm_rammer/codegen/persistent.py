@@ -69,8 +69,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from ..rprogram import RProgram
-from ..rtask import BarrierRTask, RTask
+from ..abstractions.rprogram import RProgram
+from ..abstractions.rtask import BarrierRTask, RTask
 from tir_templates.arena import rebase
 
 from . import cuda_helpers, rkernel_functions

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
-from .rocm.targets import VDEVICE_PRESETS as _AMD_PRESETS
+from ..rocm.targets import VDEVICE_PRESETS as _AMD_PRESETS
 from .rtask import RKernel
 
 __all__ = ["VDevice"]
