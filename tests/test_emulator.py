@@ -17,7 +17,8 @@ import pytest
 import tvm
 import tvm_ffi
 
-from tvm_rammer import RammerConfig, faults
+from tvm_rammer import RammerConfig
+from tvm_rammer.codegen import faults
 from tvm_rammer.codegen.persistent import waiting_barriers
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error

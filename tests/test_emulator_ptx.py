@@ -676,7 +676,7 @@ def _tensor_core_kernel(name, config, asynchronous=False):
     from test_tensor_cores import _wrapper, fused16
     from tir_templates.mma_templates import schedule_gemm_mma
     from tir_templates.prelower import prelower
-    from tvm_rammer.resources import module_cuda_source
+    from tvm_rammer.codegen.resources import module_cuda_source
 
     func = fused16(name)
     scheduled = schedule_gemm_mma(func, *config)

@@ -339,7 +339,7 @@ def test_our_grid_barrier_gives_up_with_a_fault_when_a_veu_never_arrives(grid):
     the time limit (the emulator's virtual clock) every waiting vEU gives up: the call returns 1 to
     all its threads (they skip their instructions), the error word stops the others at their next
     barrier-rTask, the page records fault 2 with the kernel id, and the kernel ends."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
 
     page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
     state, seen, stopped = _grid_run(grid, page, 7, timeout_ns=100 * 10 ** 9)

@@ -163,7 +163,7 @@ def test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives
     correct model afterwards (no __trap). The one profiled compile of this file: the injected
     fault is in the emitted table only, never in the one the profiler times (issue 21, defect 4),
     so the rProgram is kept whatever ran before."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
     from tvm_rammer.config import RammerConfig
 
     model = get_model("branches", n=16)

@@ -12,7 +12,7 @@ from tvm_rammer.inspection import inspect_model
 from tvm_rammer.launches import count_launches
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.report import rprogram_reports
-from tvm_rammer.resources import cuda_source
+from tvm_rammer.codegen.resources import cuda_source
 
 from onnx_builders import mixed_relax_module, parallel_branches, random_dag, two_branch
 

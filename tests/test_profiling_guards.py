@@ -459,7 +459,7 @@ def test_close_does_not_wait_for_a_hung_job(device):
 def test_a_wait_that_gave_up_makes_the_candidate_invalid_without_timing_it(monkeypatch):
     """_time_kernel_worker reads the fault page after the warm-up: a recorded fault raises
     instead of ~100 timed runs that each wait wait_timeout_ms."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
 
     class Array:
         def __init__(self, a):
@@ -533,8 +533,8 @@ def _constants(func):
 # --- defect 4: the injected fault is never timed; the table is part of the rProgram's key -------
 
 def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
-    from tvm_rammer import faults
-    from tvm_rammer.executor import manifests
+    from tvm_rammer.codegen import faults
+    from tvm_rammer.codegen.executor import manifests
     from tvm_rammer.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 

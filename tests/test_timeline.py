@@ -374,7 +374,7 @@ def _persistent(mod):
 
 def _source(mod):
     import tvm_rammer
-    from tvm_rammer.resources import cuda_source
+    from tvm_rammer.codegen.resources import cuda_source
 
     name, func = _persistent(mod)
     return cuda_source(func.with_attr("global_symbol", name), tvm_rammer.rammer_target("rammer/nvidia-h100"))

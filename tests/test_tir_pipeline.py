@@ -94,7 +94,7 @@ def test_the_passes_nvcc_redoes_do_not_change_the_sass(lowered):
     """The persistent kernel lowered by TVM's whole pipeline and by ours compiles to the same SASS
     (the listing without its header, which names the file)."""
     from tir_templates.cuda_resources import compile_cuda_sass, sass_opcodes
-    from tvm_rammer.resources import module_cuda_source
+    from tvm_rammer.codegen.resources import module_cuda_source
 
     persistent, _ = _split(lowered)
     mod, target = _bound(persistent)

@@ -46,12 +46,12 @@ from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, en
                                  has_barriers, num_counters)
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
-from .executor import MANIFEST_ATTR, build_manifest
-from .faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
+from .codegen.executor import MANIFEST_ATTR, build_manifest
+from .codegen.faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
 from .policies import get_policy
 from .policy import OpGraph
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
-from .resources import ResourceProbe
+from .codegen.resources import ResourceProbe
 from .target import plain_target, rkernel_target, target_arch
 from .timings import TIMINGS_ATTR
 from .tuning.deferred import LateVersionError, func_if_made

@@ -301,7 +301,7 @@ def cmd_run(args) -> int:
 
 def _run_emulated(args, config) -> int:
     """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.emulator.run)."""
-    from . import faults
+    from .codegen import faults
     from .emulator import run as emulated
     from .emulator.errors import EmulatorError
 

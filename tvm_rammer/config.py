@@ -34,7 +34,7 @@ class RammerConfig:
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
     wait_timeout_ms: how long (GPU ``%globaltimer``) a barrier-rTask waits before it gives up: the
         kernel then ends normally with the fault recorded, and the host raises an error naming the
-        vEU and the rTask (``tvm_rammer.faults``). Longer than any legitimate wait (a wait never
+        vEU and the rTask (``tvm_rammer.codegen.faults``). Longer than any legitimate wait (a wait never
         outlasts the rProgram, whose rTasks are single thread blocks), short enough to notice.
     tail_fusion: with ``fusion``, also run SplitTailFusion: the elementwise tail after a split (an
         LSTM cell's gates and cell update) becomes one dependent step instead of a chain.

@@ -5,7 +5,7 @@
 multi-output and tuple-output operators, constants, reshape views, varied tensor sizes so that the
 kernels' thread counts differ), lowers each with the rammer pipeline under a random configuration
 (vEU width, SMs, vEUs per SM, merge rule) and checks every persistent kernel's table with the
-reference executor (``tvm_rammer.executor``) under many interleavings. With ``--gpu`` on a machine
+reference executor (``tvm_rammer.codegen.executor``) under many interleavings. With ``--gpu`` on a machine
 with a CUDA GPU each graph is also compiled, run and compared with onnxruntime. With ``--emulate``
 each graph is lowered for a small vDevice (:func:`emulated_options`: at most 2 SMs x 2 vEUs), its
 tables checked as above, and its CUDA executed on the CPU emulator (``tvm_rammer.emulator``; a C++
@@ -222,7 +222,7 @@ def check_graph(model_bytes: bytes, options: dict, trials: int = 8, gpu: bool = 
     import onnx
 
     from .config import RammerConfig
-    from .executor import check_module
+    from .codegen.executor import check_module
     from .frontend import import_onnx, lower
     from .launches import count_launches
 
@@ -259,7 +259,7 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
     import tvm
     from tvm import relax
 
-    from . import faults
+    from .codegen import faults
     from .frontend import compile as rammer_compile
     from .numerics import relative_error
     from .runner import _flatten, onnx_reference, random_inputs

@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-# VM builtins and tvm-rammer's host-side helpers (the fault page, tvm_rammer.faults) launch nothing
+# VM builtins and tvm-rammer's host-side helpers (the fault page, tvm_rammer.codegen.faults) launch nothing
 _BUILTIN_PREFIXES = ("vm.builtin.", "relax.", "runtime.", "tvm_rammer.")
 
 

@@ -9,7 +9,7 @@ import onnx
 import tvm
 from tvm import relax
 
-from . import faults
+from .codegen import faults
 from .host import packages
 from .config import RammerConfig
 from .frontend import import_onnx, load_onnx

@@ -70,7 +70,7 @@ def back_to_back(runs: int = 10_000) -> dict:
     """``runs`` runs of one module; every output equal to the first run's, bit for bit."""
     import numpy as np
 
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
 
     start = time.monotonic()
     _, _, vm, args, _ = _compile(*STRESS_MODEL)
@@ -122,7 +122,7 @@ def threads(count: int = 8, runs: int = 300) -> dict:
 def run_model(name: str) -> int:
     """One reduced zoo model compiled and run once, compared with onnxruntime (the process the
     sanitizer watches). Exit status 0 when it matched."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
     from tvm_rammer.models import REDUCED
     from tvm_rammer.numerics import relative_error
     from tvm_rammer.runner import onnx_reference

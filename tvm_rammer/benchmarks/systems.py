@@ -156,7 +156,7 @@ def run_tvm(ex, inputs: list, dev, runs: int) -> tuple:
     timer = vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=0,
                               cooldown_interval_ms=0)
     result = timer(*args)
-    from ..faults import check  # a fault while timing: the time is not the model's
+    from ..codegen.faults import check  # a fault while timing: the time is not the model's
     check(vm)
     return outs, _stats([r * 1e6 for r in result.results])
 

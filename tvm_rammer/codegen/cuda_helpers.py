@@ -36,7 +36,7 @@ reaches ``n`` (acquire), like a step.
 Waits are bounded in *time*: a poll loop reads ``%globaltimer`` (nanoseconds) and gives up after
 ``timeout_ns``. The first vEU that gives up records the fault in the step array's extra words
 (:data:`STATE_WORDS` past the vEUs' steps: code, vEU, instruction, awaited vEU, awaited step,
-step reached) and, when the kernel has one, in the host-mapped fault page (``tvm_rammer.faults``:
+step reached) and, when the kernel has one, in the host-mapped fault page (``tvm_rammer.codegen.faults``:
 the same record plus the kernel's id and the rTask the barrier guarded, written with system-scope
 ordering and the code word last). Every other waiting vEU sees the code (within 8 polls) and stops
 waiting; after each barrier-rTask the whole vEU agrees (:data:`STOPPED_NAME`, ``__syncthreads_or``)

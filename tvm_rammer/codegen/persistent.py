@@ -30,7 +30,7 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   own at the end of the TIR pipeline, called from the dispatch loop (``rkernel_functions``); the
   pool is then always dynamic shared memory, which each function declares again.
 * faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
-  extra words and in the module's fault page (an extra input, ``tvm_rammer.faults``), every vEU
+  extra words and in the module's fault page (an extra input, ``tvm_rammer.codegen.faults``), every vEU
   skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
   raises an error naming the vEU and the rTask, and the CUDA context stays usable. The prologue's
   grid barrier has the same time limit (fault 2; the vEUs that gave up skip their instructions, the

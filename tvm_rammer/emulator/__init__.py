@@ -6,7 +6,7 @@ launch (kernel, grid, block, shared memory, cooperative, each parameter's role, 
 contents); :mod:`.build` (the C++ runtime) builds the CUDA source with the system C++ compiler into
 an ``EmulatedModule`` whose ``launch`` runs one kernel launch, every CUDA thread a fiber; and
 :mod:`.interpret` executes ``main`` in Python with numpy buffers, each PrimFunc call as its
-launches. :func:`emulate` puts them together and raises ``tvm_rammer.faults.KernelFault`` when a
+launches. :func:`emulate` puts them together and raises ``tvm_rammer.codegen.faults.KernelFault`` when a
 persistent kernel recorded a fault in the module's fault page, as ``tvm-rammer run`` does on a GPU.
 """
 
@@ -87,7 +87,7 @@ def model_inputs(model, inputs, build: EmulationBuild, seed: int = 0) -> list:
 def read_fault(interpreter) -> dict | None:
     """The fault recorded in the interpreter's copy of the module's fault page, or None (also
     when the module has no persistent kernel with barriers)."""
-    from .. import faults
+    from ..codegen import faults
 
     if not interpreter.has_function(faults.PAGE_FUNC):
         return None
@@ -106,9 +106,9 @@ def emulate(model, inputs=None, *, target="rammer/nvidia-h100", config=None, pip
     order, a dict by input name, or None (seeded random inputs of an ONNX model, ``seed``).
     ``order``: the order blocks of a launch are scheduled in (``"forward"``, ``"reverse"`` or an
     int seed), ``wall_limit_s``: each launch's wall-clock limit (``build.EmulatorDeadlock``
-    past it). Raises ``tvm_rammer.faults.KernelFault`` when a persistent kernel recorded a fault
+    past it). Raises ``tvm_rammer.codegen.faults.KernelFault`` when a persistent kernel recorded a fault
     (its ``result`` attribute holds the EmulationResult of the invalid run)."""
-    from .. import faults
+    from ..codegen import faults
     from .build import _compiler
     from .interpret import Interpreter
 

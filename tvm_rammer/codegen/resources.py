@@ -15,8 +15,8 @@ import tvm
 
 from tir_templates.rtask_rewrite import instantiate
 
-from .codegen.persistent import PersistentKernelSpec, build_persistent_func
-from .target import target_arch
+from .persistent import PersistentKernelSpec, build_persistent_func
+from ..target import target_arch
 
 LOG = logging.getLogger("tvm_rammer")
 
@@ -54,7 +54,7 @@ class ResourceProbe:
         """Registers per thread of ``spec``'s kernel (with barrier code), or None."""
         if target.kind.name == "rocm":  # always: no cooperative launch refuses a grid that cannot
             # be co-resident, so the placement must use the compiled kernel's VGPRs (tvm_rammer.rocm)
-            from .rocm.report import probe_registers  # pylint: disable=import-outside-toplevel
+            from ..rocm.report import probe_registers  # pylint: disable=import-outside-toplevel
             return probe_registers(spec, target)
         if not self.enabled:
             return None

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codegen.cuda_helpers import FAULT_GRID_TIMEOUT, FAULT_WAIT_TIMEOUT, PAGE_WORDS
-from .codegen.persistent import waiting_barriers
+from .cuda_helpers import FAULT_GRID_TIMEOUT, FAULT_WAIT_TIMEOUT, PAGE_WORDS
+from .persistent import waiting_barriers
 
 PAGE_FUNC = "rammer_fault_page"
 PAGE_MAGIC = 0x52414D4D  # "RAMM": the page's last word

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.persistent import BARRIER_KIND, INST_WORDS
+from .persistent import BARRIER_KIND, INST_WORDS
 
 MANIFEST_ATTR = "rammer.manifest"
 MODES = ("random", "one_slow_veu", "speed_by_index", "zero_length", "reverse_speed")
