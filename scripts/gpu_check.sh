@@ -171,7 +171,7 @@ stage_body() {
 import json, sys
 import tvm
 from tvm_rammer.benchmarks.floor import l2_read_rate
-from tvm_rammer.cost_model import CostModelConfig
+from tvm_rammer.scheduling.cost_model import CostModelConfig
 rate = l2_read_rate(tvm.cuda(0))
 json.dump({"l2_bytes_per_s": rate, "assumed": CostModelConfig().l2_bw_gbps * 1e9},
           open(sys.argv[1], "w"))

@@ -67,7 +67,7 @@ from tvm_rammer.frontend import import_onnx  # noqa: E402
 from tvm_rammer.models import MODELS, REDUCED, get_model  # noqa: E402
 from tvm_rammer.numerics import KERNEL_TOLERANCE, relative_error, seeded_array  # noqa: E402
 from tvm_rammer.pipeline import rammer_passes  # noqa: E402
-from tvm_rammer.rkernels import coarsenings  # noqa: E402
+from tvm_rammer.scheduling.rkernels import coarsenings  # noqa: E402
 from tvm_rammer.target import rammer_target, rkernel_target  # noqa: E402
 from tvm_rammer.tuning.versions import (VersionOptions, dlight_schedules, func_key,  # noqa: E402
                                         kernel_versions, unscheduled_funcs)

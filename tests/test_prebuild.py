@@ -8,7 +8,7 @@ start."""
 import pytest
 
 from fake_device import FakeDevice
-from tvm_rammer import policy
+from tvm_rammer.scheduling import policy
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.frontend import import_onnx
 from tvm_rammer.host.gpu import DeviceId, LocalGPU

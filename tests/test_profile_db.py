@@ -10,7 +10,7 @@ from conftest_tir import TARGET, scheduled_kernel
 from fake_device import FakeDevice
 from tir_templates.prelower import prelower
 from tvm_rammer.host.gpu import DeviceId
-from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
+from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
 from tvm_rammer.abstractions.rtask import RKernel, ROperator
 from tvm_rammer.tuning.measure import KernelJob
 from tvm_rammer.tuning.profile_db import (FORMAT, JsonProfileDB, SqliteProfileDB, default_cache_path,

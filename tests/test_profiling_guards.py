@@ -334,8 +334,8 @@ def test_only_operators_whose_versions_are_close_to_dlight_are_measured():
 def test_the_policy_times_only_close_choices():
     """Two independent 1-op waves: merging is analytically a clear win or a close call; with a
     margin only the close one asks the profile for times."""
-    from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
-    from tvm_rammer.rkernels import ROperator, RKernel
+    from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
+    from tvm_rammer.scheduling.rkernels import ROperator, RKernel
     from tvm_rammer.abstractions.vdevice import VDevice
 
     vdevice = VDevice(num_sms=132)
@@ -567,8 +567,8 @@ def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
     assert any(t.shape == expected.shape and (t == expected).all() for t in emitted)
 
 def test_the_plan_key_changes_with_the_table():
-    from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
-    from tvm_rammer.rkernels import ROperator, RKernel
+    from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
+    from tvm_rammer.scheduling.rkernels import ROperator, RKernel
     from tvm_rammer.abstractions.vdevice import VDevice
 
     graph = OpGraph(ops={0: ROperator(0, "op0", [RKernel("k", 16, 256, 32, 0, 5.0, "t")])},

@@ -9,9 +9,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from tvm_rammer import timeline, timeline_view
+from tvm_rammer.scheduling import timeline
+from tvm_rammer import timeline_view
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.policy import OpGraph, PolicyConfig, RProgramPlan, schedule
+from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, RProgramPlan, schedule
 from tvm_rammer.abstractions.rprogram import RProgram
 from tvm_rammer.abstractions.rtask import RKernel, ROperator, RTask
 from tvm_rammer.abstractions.vdevice import VDevice

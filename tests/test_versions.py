@@ -7,9 +7,9 @@ from tvm.s_tir import dlight as dl
 from conftest_tir import MODELS, TARGET, single_op_module
 from fake_device import FakeDevice
 from tir_templates.templates import operator_kind, template_schedules
-from tvm_rammer import rkernels
+from tvm_rammer.scheduling import rkernels
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.policy import OpGraph, schedule
+from tvm_rammer.scheduling.policy import OpGraph, schedule
 from tvm_rammer.tuning.measure import KernelJob
 from tvm_rammer.tuning.profile_db import JsonProfileDB
 from tvm_rammer.tuning.profiler import Profiler

@@ -8,7 +8,7 @@ dlight) into the rPrograms to emit:
    A version is a candidate only when measured and valid; with no measured time an operator has
    TVM's own dlight schedule only (``rkernels.operator_versions``); an operator too small for its
    choice to matter gets no other version at all (``_small_operators``);
-2. the policy (``RammerConfig.policy``, ``tvm_rammer.policies``; Algorithm 1 by default), whose P1 vs Pcurr+P2 uses rPrograms timed whole
+2. the policy (``RammerConfig.policy``, ``tvm_rammer.scheduling.policies``; Algorithm 1 by default), whose P1 vs Pcurr+P2 uses rPrograms timed whole
    when the profiler can (the plans of one comparison, and the final rPrograms, built side by
    side: ``Profiler.plan_profile``'s ``prefetch``, ``Profiler.prebuild``);
 3. code: one persistent PrimFunc per rProgram (``codegen.persistent``), placed again when the
@@ -41,15 +41,15 @@ from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
 from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 
-from . import rkernels, timeline, unmeasured_check
+from .scheduling import rkernels, timeline, unmeasured_check
 from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
                                  has_barriers, num_counters)
 from .codegen.tensors import TensorPlan, plan_tensors
 from .config import RammerConfig
 from .codegen.executor import MANIFEST_ATTR, build_manifest
 from .codegen.faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
-from .policies import get_policy
-from .policy import OpGraph
+from .scheduling.policies import get_policy
+from .scheduling.policy import OpGraph
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from .codegen.resources import ResourceProbe
 from .target import plain_target, rkernel_target, target_arch

@@ -227,14 +227,14 @@ def cmd_compile(args) -> int:
 
 def _timeline_shares(timelines, brief: bool) -> list:
     """Per-rProgram busy / barrier-wait / idle shares for --json (per vEU unless --brief)."""
-    from .timeline import shares
+    from .scheduling.timeline import shares
 
     found = [shares(t) for t in timelines]
     return [{k: v for k, v in s.items() if k != "veus"} for s in found] if brief else found
 
 
 def _format_shares(timelines) -> str:
-    from .timeline import shares
+    from .scheduling.timeline import shares
 
     lines = []
     for t in timelines:
@@ -260,7 +260,7 @@ def cmd_inspect(args) -> int:
         args.model, args.target, _config(args), timings=extra))
     timelines = None
     if args.timeline:
-        from .timeline import predict_all, schedules_of
+        from .scheduling.timeline import predict_all, schedules_of
         timelines = predict_all(schedules_of(lowered))
         _write_timeline(args.timeline, timelines, f"{_model_name(args)}: predicted timeline")
         summary["timeline"] = _timeline_shares(timelines, args.brief)

@@ -10,7 +10,7 @@ from tvm import relax
 from relay_passes.dataflow_graph import DataflowGraph
 
 from .config import RammerConfig
-from .critical_path import rprogram_critical_paths
+from .scheduling.critical_path import rprogram_critical_paths
 from .frontend import import_onnx, lower
 from .report import summarize
 from .target import plain_target, resolve_target

@@ -137,7 +137,7 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
     return results
 
 
-# --- the timeline (RammerConfig(timeline=True), tvm_rammer.timeline) -----------------------------
+# --- the timeline (RammerConfig(timeline=True), tvm_rammer.scheduling.timeline) -----------------------------
 
 def build_timeline(mod: tvm.IRModule, target, config: RammerConfig | None = None) -> tuple:
     """``(executable, schedules, kernel names)`` of the instrumented build (needs no GPU).
@@ -150,7 +150,7 @@ def build_timeline(mod: tvm.IRModule, target, config: RammerConfig | None = None
 
     from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
 
-    from . import timeline
+    from .scheduling import timeline
     from .frontend import lower
 
     rammer = resolve_target(target)
@@ -172,7 +172,7 @@ def run_timeline(model, target, config: RammerConfig | None = None, seed: int = 
     Returns ``measured`` and ``predicted`` (lists of ``timeline.Timeline``, one per rProgram),
     ``schedules``, and ``max_rel_err`` of the instrumented run against onnxruntime (None without
     onnxruntime: not compared)."""
-    from . import timeline
+    from .scheduling import timeline
 
     if not gpu_available():
         raise ValueError("no CUDA GPU is visible: the measured timeline needs one (not measured); "
@@ -202,7 +202,7 @@ def record_in_context(measured, schedules, config: RammerConfig | None = None) -
     """Write the measured in-context rTask times (``timeline.in_context_records``) to the profile
     database (``config.profile_db``, else the per-user cache) as kind "in_context", for the local
     GPU; returns how many records were written."""
-    from . import timeline
+    from .scheduling import timeline
     from .host.gpu import local_gpu
     from .tuning.profile_db import default_cache_path, open_profile_db
 

@@ -1,4 +1,4 @@
-"""Pictures of :mod:`tvm_rammer.timeline`: a Perfetto / Chrome trace and a PNG Gantt chart.
+"""Pictures of :mod:`tvm_rammer.scheduling.timeline`: a Perfetto / Chrome trace and a PNG Gantt chart.
 
 - :func:`trace_events` / :func:`write_trace`: the Chrome trace-event JSON that the Perfetto UI
   (ui.perfetto.dev) and ``chrome://tracing`` open. One process per (source, SM), named
@@ -21,7 +21,7 @@ import os
 import warnings
 
 from .host import packages
-from .timeline import shares
+from .scheduling.timeline import shares
 
 __all__ = ["trace_events", "write_trace", "plot", "write_png", "write", "output_paths"]
 

@@ -84,7 +84,7 @@ class TVMSystem:
 
     @property
     def is_rammer(self) -> bool:
-        """The rammer pipeline (with Algorithm 1 or another policy of ``tvm_rammer.policies``)."""
+        """The rammer pipeline (with Algorithm 1 or another policy of ``tvm_rammer.scheduling.policies``)."""
         return self.name in (TVM_RAMMER,) + POLICY_SYSTEMS
 
     @property

@@ -316,7 +316,7 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
     "RAMMER_GRID_GENERATION_WORD", str(GRID_GENERATION_WORD)).replace(
     "RAMMER_FAULT_GRID_TIMEOUT", str(FAULT_GRID_TIMEOUT))
 
-# --- timeline instrumentation (RammerConfig(timeline=True) only; see tvm_rammer.timeline) ----------
+# --- timeline instrumentation (RammerConfig(timeline=True) only; see tvm_rammer.scheduling.timeline) ----------
 # Per instruction of a vEU, its first thread records (start, end, SM) in ns of %globaltimer, the
 # GPU's global nanosecond timer (one clock for all SMs, so slices of different vEUs compare). The
 # end is read after the instruction's __syncthreads and before its step is published, so a waiting

@@ -22,7 +22,7 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
 * instrumented build (``PersistentKernelSpec.timeline``, a separate kernel: the normal one has none
   of this): one more output parameter ``int64[num_instructions * 3]`` after the step state; the
   first thread of a vEU writes (start ns, end ns, SM id) of instruction ``i`` (table order) at
-  ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.timeline``).
+  ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.scheduling.timeline``).
 * a shared-memory pool larger than 48 KB (tensor-core rTasks with large tiles) is allocated as
   dynamic shared memory ("shared.dyn"): TVM passes its size at launch and opts the kernel in.
 * ``PersistentKernelSpec.rkernel_functions`` (``RammerConfig.rkernel_functions``; CUDA only): each

@@ -163,7 +163,7 @@ class OperatorRecords:
     filter, applied to what :func:`versions.kernel_versions` makes)."""
 
     def __init__(self, profiler, target, config, runnable):
-        from ..rkernels import vdevice_for
+        from ..scheduling.rkernels import vdevice_for
         from ..target import plain_target, rkernel_target
 
         self.profiler, self.config, self.runnable = profiler, config, runnable
@@ -175,7 +175,7 @@ class OperatorRecords:
     def predict(self, scheduled, lowered) -> float | None:
         """A version's analytical whole-kernel time as the back end predicts it for the profiler
         (``backend._predictor``; None when it cannot)."""
-        from ..rkernels import predicted_version_us
+        from ..scheduling.rkernels import predicted_version_us
 
         return predicted_version_us(scheduled, lowered, self.config, self.vdevice)
 

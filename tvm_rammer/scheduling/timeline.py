@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.cuda_helpers import TIMELINE_WORDS  # int64 words per instruction: start, end, SM
+from ..codegen.cuda_helpers import TIMELINE_WORDS  # int64 words per instruction: start, end, SM
 
 __all__ = ["SCHEDULE_ATTR", "TIMELINE_WORDS", "Slice", "Timeline", "schedule_of", "schedules_of",
            "predict", "predict_all", "decode", "decode_all", "shares", "in_context_records"]

@@ -30,8 +30,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..policy import OpGraph, PolicyConfig, Profile, RProgramPlan, _fastest_index, schedule_units
-from ..abstractions.rtask import ROperator
-from ..abstractions.vdevice import VDevice
+from ...abstractions.rtask import ROperator
+from ...abstractions.vdevice import VDevice
 
 __all__ = ["is_compute_intensive", "resource_demand", "launch_order", "opara_units", "schedule"]
 

@@ -4,7 +4,7 @@
 
 (rPrograms in execution order, every operator of ``graph`` in exactly one), chosen by
 ``RammerConfig(policy=...)`` / ``tvm-rammer --policy``. All of them place rTasks with the primitives
-of ``tvm_rammer.policy`` (SelectRKernels, SelectvEU, Append and Wait), so every policy's output goes
+of ``tvm_rammer.scheduling.policy`` (SelectRKernels, SelectvEU, Append and Wait), so every policy's output goes
 through the same invariant checker (``RProgram.validate``) and codegen.
 
 - ``rammer``: Rammer's Algorithm 1 (wavefront, :mod:`.rammer`);
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..config import POLICIES as POLICY_NAMES
+from ...config import POLICIES as POLICY_NAMES
 from . import ios, opara, rammer
 
 __all__ = ["POLICIES", "Policy", "get_policy"]

@@ -89,5 +89,5 @@ def check_plan(plan, op_graph, vdevice, config) -> dict | None:
             "source": "estimate",
             "reason": f"rProgram of {len(names)} operators estimated {rammer_us:.1f} us, not faster "
                       f"than TVM's default kernels ({default_us:.1f} us) with nothing measured "
-                      "(tvm_rammer.unmeasured_check): its operators stay TVM's default kernels; "
+                      "(tvm_rammer.scheduling.unmeasured_check): its operators stay TVM's default kernels; "
                       "profile on a GPU to decide on measured times"}

@@ -43,7 +43,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from ..policy import (OpGraph, PolicyConfig, Profile, RProgramPlan, _efficient_index, _fastest_index,
                       bfs_waves, schedule_units)
-from ..abstractions.vdevice import VDevice
+from ...abstractions.vdevice import VDevice
 
 __all__ = ["OverBudget", "ios_dp", "ios_stages", "endings", "stage_cost", "schedule"]
 

@@ -1,6 +1,6 @@
 """From TVM objects to the scheduler's abstractions and back.
 
-The policy (:mod:`tvm_rammer.policy`) is pure Python; this module makes its inputs out of lowered TVM
+The policy (:mod:`tvm_rammer.scheduling.policy`) is pure Python; this module makes its inputs out of lowered TVM
 kernels (one ``RKernel`` per dlight-scheduled PrimFunc, an analytical time until profiling exists)
 and turns its plans into reports.
 """
@@ -16,19 +16,19 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, sym
 
-from .config import RammerConfig
+from ..config import RammerConfig
 from .cost_model import CostModelConfig, rtask_time_us
 from .policy import OpGraph, PolicyConfig, bfs_waves, schedule_units
-from .abstractions.rtask import RKernel, ROperator
-from .abstractions.vdevice import VDevice
+from ..abstractions.rtask import RKernel, ROperator
+from ..abstractions.vdevice import VDevice
 
 LOG = logging.getLogger("tvm_rammer")
 
 
 def vdevice_for(target: tvm.target.Target, config: RammerConfig) -> VDevice:
     """The vDevice: the local GPU when one of the target's arch is visible, else the arch's preset."""
-    from .host.gpu import local_gpu
-    from .target import same_arch, target_arch
+    from ..host.gpu import local_gpu
+    from ..target import same_arch, target_arch
 
     overrides = {}
     if config.veus_per_sm is not None:
@@ -274,7 +274,7 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
     (:func:`resident_inputs`)."""
     from tir_templates.prelower import UnsupportedKernel
 
-    from .tuning.profiler import Timing, rtask_time
+    from ..tuning.profiler import Timing, rtask_time
 
     if not versions:
         raise UnsupportedKernel(f"{name}: no rKernel version can run as rTasks in a vEU")
@@ -284,7 +284,7 @@ def operator_versions(uid: int, name: str, func, versions, config: RammerConfig,
         records = [profiler.kernel(v.key) for v in versions]
     base_record = records[base][0]
     if base_record is not None and base_record.get("valid") is False:
-        from .tuning.profiler import is_failure
+        from ..tuning.profiler import is_failure
 
         if is_failure(base_record):  # this compilation only: failures are never cached
             raise UnsupportedKernel(f"{name}: its dlight rKernel could not be measured on the "

@@ -39,9 +39,9 @@ from typing import Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 
 from .cost_model import CostModelConfig
-from .abstractions.rprogram import RProgram
-from .abstractions.rtask import RKernel, ROperator, RTask
-from .abstractions.vdevice import VDevice
+from ..abstractions.rprogram import RProgram
+from ..abstractions.rtask import RKernel, ROperator, RTask
+from ..abstractions.vdevice import VDevice
 
 __all__ = [
     "OpGraph",
@@ -126,7 +126,7 @@ class PolicyConfig:
             most ``ios_groups`` groups (the paper's s; 8 in its experiments) of at most
             ``ios_group_ops`` operators each (the paper's r; 3).
         ios_budget: most (state, ending) transitions the ``ios`` policy's dynamic programme may
-            visit in one window before the window is cut in two (``tvm_rammer.policies.ios``).
+            visit in one window before the window is cut in two (``tvm_rammer.scheduling.policies.ios``).
         profile_margin: a choice between two plans asks ``profile`` for their times only when
             their analytical times are within this factor of each other (a clear choice is made
             analytically: measuring it could not change it). None: always ask.
@@ -549,7 +549,7 @@ def schedule_units(units: Sequence[Sequence[int]], graph: OpGraph, vdevice: VDev
                    split_before: Iterable[int] = ()) -> list[RProgramPlan]:
     """Algorithm 1's loop over ``units`` instead of the BFS waves: each unit is scheduled like a wave
     (SelectRKernels, SelectvEU, P1 vs Pcurr + P2); an rProgram ends before each index of
-    ``split_before``. Other policies (``tvm_rammer.policies``) order and group the operators their
+    ``split_before``. Other policies (``tvm_rammer.scheduling.policies``) order and group the operators their
     own way and hand the result here, so every policy places rTasks with the same primitives.
 
     Every op of ``graph`` must be in exactly one unit, each unit in an order where an operator's
