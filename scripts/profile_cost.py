@@ -55,9 +55,9 @@ MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq
 _CHILD = r"""
 import hashlib, json, logging, sys, time
 logging.getLogger("tvm_rammer").setLevel(logging.ERROR)
-from tvm_rammer.backend import make_profiler
+from tvm_rammer.driver.backend import make_profiler
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import resolve_target

@@ -28,7 +28,7 @@ from tvm.tirx import compilation_pipeline
 from tir_templates.cuda_resources import compile_cuda_sass, sass_opcodes
 from tvm_rammer.codegen import tir_pipeline
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.host.gpu import gpu_available
 from tvm_rammer.models import MODELS, REDUCED, get_model
 from tvm_rammer.numerics import relative_error

@@ -63,10 +63,10 @@ from tir_templates.serial_run import run_on_cpu, serial_threads, stores_past_the
 from tir_templates.templates import template_schedules  # noqa: E402
 from tvm_rammer.benchmarks.harness import git_commit  # noqa: E402
 from tvm_rammer.config import RammerConfig  # noqa: E402
-from tvm_rammer.frontend import import_onnx  # noqa: E402
+from tvm_rammer.driver.frontend import import_onnx  # noqa: E402
 from tvm_rammer.models import MODELS, REDUCED, get_model  # noqa: E402
 from tvm_rammer.numerics import KERNEL_TOLERANCE, relative_error, seeded_array  # noqa: E402
-from tvm_rammer.pipeline import rammer_passes  # noqa: E402
+from tvm_rammer.driver.pipeline import rammer_passes  # noqa: E402
 from tvm_rammer.scheduling.rkernels import coarsenings  # noqa: E402
 from tvm_rammer.target import rammer_target, rkernel_target  # noqa: E402
 from tvm_rammer.tuning.versions import (VersionOptions, dlight_schedules, func_key,  # noqa: E402

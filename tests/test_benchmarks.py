@@ -17,7 +17,7 @@ from tvm_rammer.benchmarks.output import add_derived, format_table, write_chart,
 from tvm_rammer.benchmarks.progress import Progress
 from tvm_rammer.benchmarks.systems import SYSTEMS, tvm_systems
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
+from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.models import get_model
 
 def _matmul_model(m, k, n):

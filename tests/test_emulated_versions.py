@@ -201,7 +201,7 @@ def test_a_compile_drops_a_version_that_is_wrong_on_the_emulator(monkeypatch):
 
 
 def test_a_wrong_pipeline_version_leaves_the_operator_tvms_default_kernel(monkeypatch):
-    from tvm_rammer import backend
+    from tvm_rammer.driver import backend
 
     original = backend.kernel_versions
 

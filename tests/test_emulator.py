@@ -71,7 +71,7 @@ def branches_build(branches):
 # --- compile-for-emulation ------------------------------------------------------------------------
 
 def test_emulation_build_generates_what_tvm_compile_does():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.target import plain_target, resolve_target
 
     proto = get_model("lstm_tc", **REDUCED["lstm_tc"])
@@ -194,7 +194,7 @@ SMALL = ["--num-sms", "2", "--veus-per-sm", "1"]
 
 
 def test_relax_module_input_and_a_random_block_order():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
 
     proto = get_model("branches", n=2)
     x = random_inputs(proto, 1)["input"]

@@ -35,7 +35,7 @@ def _instrumented(proto, config):
 
     from tvm_rammer import emulator
     from tvm_rammer.scheduling import timeline
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.target import resolve_target
 
     target = resolve_target("rammer/nvidia-h100")

@@ -9,7 +9,7 @@ import tvm_rammer.codegen.tensors as tensors_mod
 from tvm_rammer.codegen import executor
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.codegen.executor import TableError, Task, Wait, check, decode_table, manifests
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.models import REDUCED, get_model
 
 from onnx_builders import random_dag

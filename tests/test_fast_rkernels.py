@@ -212,7 +212,7 @@ def test_fast_versions_build_for_sm90a_without_spills(name):
 
 def model_operators(name, config=RammerConfig(), **overrides):
     """{PrimFunc name: unscheduled PrimFunc} of every conv2d / matmul of a zoo model (reduced)."""
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
     from tir_templates.conv_templates import depthwise_axes
     from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks

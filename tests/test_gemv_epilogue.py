@@ -284,9 +284,9 @@ def test_the_rule_leaves_other_functions_to_dlight():
 def test_pipeline_schedules_the_cells_with_the_rule():
     """In the rammer pipeline the fused cells carry the rule's name (``inspect`` reports it as
     their version); nothing else does."""
-    from tvm_rammer import pipeline
+    from tvm_rammer.driver import pipeline
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
 
     target = tvm.target.Target("rammer/nvidia-h100")
     mod = import_onnx(get_model("lstm_tc", **REDUCED["lstm_tc"]))

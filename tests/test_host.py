@@ -131,7 +131,7 @@ def _gpu_host_without_compiler(monkeypatch):
 
 def test_compile_on_a_gpu_host_without_any_cuda_compiler_fails_before_compiling(
         monkeypatch, tmp_path, capsys):
-    from tvm_rammer import frontend
+    from tvm_rammer.driver import frontend
 
     _gpu_host_without_compiler(monkeypatch)
     monkeypatch.setattr(frontend, "compile", lambda *a, **k: pytest.fail("compiled anyway"))

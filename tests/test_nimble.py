@@ -135,7 +135,7 @@ def test_nimble_executor_says_what_it_needs_without_a_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["branches", "two_branch", "squeezenet"])
 def test_nimble_executor_matches_onnxruntime(name):
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.numerics import relative_error
     from tvm_rammer.runner import onnx_reference, random_inputs
 
@@ -155,7 +155,7 @@ def test_nimble_executor_matches_onnxruntime(name):
 
 @pytest.mark.gpu
 def test_nimble_bench_column_is_checked_and_timed_on_the_gpu(recwarn):
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.numerics import relative_error
     from tvm_rammer.runner import onnx_reference, random_inputs
 

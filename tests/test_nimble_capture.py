@@ -18,7 +18,7 @@ import tvm_ffi
 
 from nimble_fake_cudart import CapturingLib, FakeCudart, cudaError_t, cudaStreamCaptureMode
 from tvm_rammer.benchmarks import nimble
-from tvm_rammer.frontend import import_onnx
+from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.numerics import relative_error
 from tvm_rammer.runner import onnx_reference, random_inputs

@@ -87,9 +87,9 @@ def test_a_wrong_output_is_a_fact_and_stays_cached(tmp_path):
 
 
 def test_a_dlight_failure_makes_an_ordinary_kernel_now_and_not_in_the_next_compile(tmp_path):
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.report import unplaced_operators
 
     mod = import_onnx(get_model("branches", **REDUCED["branches"]))
     config = RammerConfig(profile_db=str(tmp_path / "p.sqlite"), profile_margin=None)
@@ -261,8 +261,8 @@ def test_the_budget_counts_from_the_compiles_start():
 def test_the_pipeline_starts_the_budget_before_its_first_pass(monkeypatch):
     import time
 
-    from tvm_rammer import backend
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver import backend
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 
     seen = []
@@ -284,7 +284,7 @@ def test_a_compile_past_its_budget_finishes_on_predictions_with_one_warning(capl
     """The whole back end on a fake clock: each rProgram timing takes 50 s; with a 60 s budget
     nothing starts after 60 s, the policy stops asking for plan times, one warning; without a
     budget (the control) more rPrograms are timed."""
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 
     mod = import_onnx(get_model("branches", **REDUCED["branches"]))
@@ -535,7 +535,7 @@ def _constants(func):
 def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
     from tvm_rammer.codegen import faults
     from tvm_rammer.codegen.executor import manifests
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 
     mod = import_onnx(get_model("branches", **REDUCED["branches"]))
@@ -585,10 +585,10 @@ def test_the_plan_key_changes_with_the_table():
 # --- the back end as a whole: any failure on a GPU host falls back to TVM's default -------------
 
 def test_a_back_end_failure_while_measuring_falls_back_to_tvms_default(monkeypatch, caplog):
-    from tvm_rammer import backend
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver import backend
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.report import unplaced_operators
 
     def broken(*_args, **_kw):
         raise MemoryError("cudaMalloc failed")
@@ -654,8 +654,8 @@ def test_making_versions_stops_when_the_budget_runs_out_while_they_are_made(monk
     """Each operator's versions take 10 s (a fake clock): with a 25 s budget the third operator's
     are made and the others keep their dlight version only (named in unmeasured()["versions"]);
     the control without a budget makes every operator's."""
-    from tvm_rammer import backend
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver import backend
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
 

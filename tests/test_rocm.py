@@ -39,7 +39,7 @@ def _build(mod, target=MI300X, config=None):
         if config is None:
             ex = tvm.compile(mod, target=target)
         else:
-            from tvm_rammer.pipeline import rammer_pipeline
+            from tvm_rammer.driver.pipeline import rammer_pipeline
             ex = tvm.compile(mod, target=tvm_rammer.rammer_target(target),
                              relax_pipeline=rammer_pipeline(config=config))
     assert len(found) == 1, "one device module, one code object"
@@ -339,7 +339,7 @@ def _instruction_loop_state(model, monkeypatch, clear: bool, cache):
     """(code object metadata, float values the vEU's instruction loop carries from one rTask to
     the next in TVM's optimized LLVM IR) of ``model``'s persistent kernels for MI300X."""
     import re
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.rocm import early_exit
     from tvm_rammer.rocm.report import build_code_object, persistent_funcs
     from tvm_rammer.target import resolve_target
@@ -502,7 +502,7 @@ def test_a_spilling_kernel_is_found_and_named(monkeypatch, tmp_path, caplog):
     ``problems_of`` flags it and the register probe warns naming the rProgram. Unlimited: none of
     that."""
     import logging
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.rocm.report import problems_of
     model = get_model("lstm_tc", **REDUCED["lstm_tc"])

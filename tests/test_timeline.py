@@ -357,7 +357,7 @@ def test_run_timeline_without_a_gpu_says_not_measured(model_files, capsys):
 @pytest.fixture(scope="module")
 def instrumented():
     """The 4-branch model lowered twice: plain and with RammerConfig(timeline=True)."""
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import get_model
 
     mod = import_onnx(get_model("branches", n=4))
@@ -429,7 +429,7 @@ def test_main_returns_one_timeline_buffer_per_rprogram(instrumented):
 
 
 def test_the_instrumented_build_compiles_end_to_end():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import get_model
     from tvm_rammer.runner import build_timeline
 

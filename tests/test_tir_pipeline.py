@@ -10,7 +10,7 @@ from tir_templates.cuda_resources import find_tool
 from tir_templates.s_tir_passes import s_tir_passes
 from tvm_rammer import RammerConfig
 from tvm_rammer.codegen import tir_pipeline
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.inspection import lower_default
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import plain_target, rammer_target

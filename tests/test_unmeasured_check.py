@@ -6,9 +6,9 @@ import pytest
 from tvm_rammer import rammer_target
 from tvm_rammer.scheduling import unmeasured_check
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.report import fallbacks, rprogram_reports
+from tvm_rammer.driver.report import fallbacks, rprogram_reports
 
 TARGET = "rammer/nvidia-h100"
 

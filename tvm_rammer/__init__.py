@@ -6,8 +6,8 @@ the dispatch that makes ``tvm.compile(mod, target=<rammer target>)`` use it.
 
 from .config import RammerConfig
 from .emulator import emulate  # CUDA on the CPU (tvm_rammer/emulator/)
-from .frontend import compile, import_onnx, lower  # noqa: A004
-from .pipeline import install, rammer_pipeline
+from .driver.frontend import compile, import_onnx, lower  # noqa: A004
+from .driver.pipeline import install, rammer_pipeline
 from .target import is_rammer_target, rammer_target
 from .version import __version__
 

@@ -133,7 +133,7 @@ def _timed(args, run):
     --timings. Returns (run's result, extra timing rows it may append to)."""
     import tvm
 
-    from .timings import PipelineProgress, format_timings
+    from .driver.timings import PipelineProgress, format_timings
 
     progress = PipelineProgress(show=not args.no_progress and sys.stderr.isatty())
     extra: list = []
@@ -169,7 +169,7 @@ def _bind_model(args) -> None:
     tune take a ModelProto as well as a path)."""
     if not hasattr(args, "input_shape") or (not args.input_shape and args.batch is None):
         return  # (`model` and `bench` have a --batch of their own: the batch they build)
-    from .frontend import load_onnx
+    from .driver.frontend import load_onnx
     from .onnx_prep.shapes import bind_shapes
     shapes = {}
     for name, dims in args.input_shape:
@@ -212,7 +212,7 @@ def check_output(path: str) -> None:
 def cmd_compile(args) -> int:
     import time
 
-    from . import frontend
+    from .driver import frontend
 
     def run(extra):
         ex = frontend.compile(args.model, target=args.target, config=_config(args))
@@ -268,7 +268,7 @@ def cmd_inspect(args) -> int:
         summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
         print(json.dumps(summary))
     else:
-        from .report import format_schedule
+        from .driver.report import format_schedule
         print(format_schedule(summary))
         if timelines:
             print(_format_shares(timelines))

@@ -223,8 +223,8 @@ def check_graph(model_bytes: bytes, options: dict, trials: int = 8, gpu: bool = 
 
     from .config import RammerConfig
     from .codegen.executor import check_module
-    from .frontend import import_onnx, lower
-    from .launches import count_launches
+    from .driver.frontend import import_onnx, lower
+    from .driver.launches import count_launches
 
     start = time.monotonic()
     proto = onnx.load_from_string(model_bytes)
@@ -260,7 +260,7 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
     from tvm import relax
 
     from .codegen import faults
-    from .frontend import compile as rammer_compile
+    from .driver.frontend import compile as rammer_compile
     from .numerics import relative_error
     from .runner import _flatten, onnx_reference, random_inputs
 

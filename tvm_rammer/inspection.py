@@ -11,8 +11,8 @@ from relay_passes.dataflow_graph import DataflowGraph
 
 from .config import RammerConfig
 from .scheduling.critical_path import rprogram_critical_paths
-from .frontend import import_onnx, lower
-from .report import summarize
+from .driver.frontend import import_onnx, lower
+from .driver.report import summarize
 from .target import plain_target, resolve_target
 
 

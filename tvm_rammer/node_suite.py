@@ -90,9 +90,9 @@ def check_model(name: str, model: bytes, target: str = TARGET) -> CaseResult:
     import onnx
 
     from .config import RammerConfig
-    from .frontend import import_onnx, lower
+    from .driver.frontend import import_onnx, lower
     from .inspection import lower_default
-    from .launches import count_launches
+    from .driver.launches import count_launches
 
     start = time.monotonic()
     result = CaseResult(name, OK)

@@ -12,10 +12,10 @@ from tvm import relax
 from .codegen import faults
 from .host import packages
 from .config import RammerConfig
-from .frontend import import_onnx, load_onnx
+from .driver.frontend import import_onnx, load_onnx
 from .host.gpu import gpu_available
 from .numerics import model_tolerance, relative_error
-from .pipeline import rammer_pipeline
+from .driver.pipeline import rammer_pipeline
 from .onnx_prep.shapes import bind_shapes
 from .target import plain_target, resolve_target
 
@@ -151,7 +151,7 @@ def build_timeline(mod: tvm.IRModule, target, config: RammerConfig | None = None
     from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
 
     from .scheduling import timeline
-    from .frontend import lower
+    from .driver.frontend import lower
 
     rammer = resolve_target(target)
     lowered = lower(mod, rammer, replace(config or RammerConfig(), timeline=True))
@@ -255,7 +255,7 @@ def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     """The main job: the bundled branch model's schedule; run and check when a GPU is present."""
     from .inspection import inspect_model
     from .models import get_model
-    from .report import format_schedule
+    from .driver.report import format_schedule
 
     model = get_model("branches", n=branches)
     summary = inspect_model(import_onnx(model), target, config)

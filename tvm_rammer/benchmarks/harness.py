@@ -144,7 +144,7 @@ def bench_model(job: dict, emit) -> None:
     import tvm
 
     from ..config import RammerConfig
-    from ..frontend import import_onnx
+    from ..driver.frontend import import_onnx
     from ..host.packages import why_missing
     from ..models import get_model
     from ..numerics import relative_error

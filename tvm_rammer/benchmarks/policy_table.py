@@ -40,11 +40,11 @@ def policy_input(model: str, target: str = "rammer/nvidia-h100", config=None, re
     from relay_passes.dataflow_graph import DataflowGraph
 
     from ..scheduling import rkernels
-    from ..backend import collect_operators, make_profiler, op_graph_of
+    from ..driver.backend import collect_operators, make_profiler, op_graph_of
     from ..config import RammerConfig
-    from ..frontend import import_onnx
+    from ..driver.frontend import import_onnx
     from ..models import REDUCED, get_model
-    from ..pipeline import rammer_passes
+    from ..driver.pipeline import rammer_passes
     from ..target import resolve_target
 
     config = config or RammerConfig(profile=False)

@@ -15,7 +15,7 @@ Relax constants, so :func:`emulation_build` runs the same steps itself and keeps
   runs it.
 
 The same pipeline choice as ``tvm.compile``: ``pipeline="rammer"`` is tvm-rammer's
-(:func:`tvm_rammer.pipeline.rammer_pipeline` on the rammer target, with ``config``),
+(:func:`tvm_rammer.driver.pipeline.rammer_pipeline` on the rammer target, with ``config``),
 ``"default"`` TVM's default pipeline on the plain CUDA target (for comparison), a
 ``tvm.transform.Pass`` any Relax pipeline, None a module lowered already.
 """
@@ -99,7 +99,7 @@ class EmulationBuild:
 
 def static_launches(build: EmulationBuild) -> list:
     """The launches of ``main``'s PrimFunc call sites in binding order (a call inside an ``If``
-    counts once, as ``tvm_rammer.launches`` counts)."""
+    counts once, as ``tvm_rammer.driver.launches`` counts)."""
     found: list[Launch] = []
     site = 0
     prims = {gv.name_hint for gv, f in build.relax_mod.functions_items()
@@ -140,7 +140,7 @@ def no_cuda_compile():
 
 def _relax_pipeline(pipeline, target, config, profiler):
     """(Relax pass or None, target to compile for, pipeline label)."""
-    from ..pipeline import rammer_pipeline
+    from ..driver.pipeline import rammer_pipeline
 
     if pipeline == "rammer":
         rammer = resolve_target(target)
@@ -159,7 +159,7 @@ def _relax_pipeline(pipeline, target, config, profiler):
 
 def _module(model, shapes, batch) -> tuple:
     """(Relax module, bound ONNX ModelProto or None, ONNX input names)."""
-    from ..frontend import import_onnx, load_onnx
+    from ..driver.frontend import import_onnx, load_onnx
     from ..onnx_prep.shapes import bind_shapes
 
     if isinstance(model, tvm.IRModule):

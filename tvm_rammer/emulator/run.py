@@ -11,7 +11,7 @@ The result has the GPU run's keys (``rammer.max_rel_err``, ``default.max_rel_err
 from __future__ import annotations
 
 from ..config import RammerConfig
-from ..frontend import load_onnx
+from ..driver.frontend import load_onnx
 from ..host import packages
 from ..numerics import relative_error
 from ..runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs

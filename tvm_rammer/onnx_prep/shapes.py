@@ -177,7 +177,7 @@ UNBOUND_ATTR = "rammer.unbound_inputs"
 
 def unbound_params(mod) -> dict:
     """``{name: dims}`` of ``main``'s parameters without a fully static shape (empty when all are
-    static), under the ONNX input names when :func:`tvm_rammer.frontend.import_onnx` recorded them,
+    static), under the ONNX input names when :func:`tvm_rammer.driver.frontend.import_onnx` recorded them,
     else the Relax names."""
     import json
 

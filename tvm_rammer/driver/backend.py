@@ -41,25 +41,25 @@ from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
 from tir_templates.rtask_rewrite import early_exit_problem, instantiate
 
-from .scheduling import rkernels, timeline, unmeasured_check
-from .codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
+from ..scheduling import rkernels, timeline, unmeasured_check
+from ..codegen.persistent import (PersistentKernelSpec, build_persistent_func, encode_program,
                                  has_barriers, num_counters)
-from .codegen.tensors import TensorPlan, plan_tensors
-from .config import RammerConfig
-from .codegen.executor import MANIFEST_ATTR, build_manifest
-from .codegen.faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
-from .scheduling.policies import get_policy
-from .scheduling.policy import OpGraph
+from ..codegen.tensors import TensorPlan, plan_tensors
+from ..config import RammerConfig
+from ..codegen.executor import MANIFEST_ATTR, build_manifest
+from ..codegen.faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
+from ..scheduling.policies import get_policy
+from ..scheduling.policy import OpGraph
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
-from .codegen.resources import ResourceProbe
-from .target import plain_target, rkernel_target, target_arch
+from ..codegen.resources import ResourceProbe
+from ..target import plain_target, rkernel_target, target_arch
 from .timings import TIMINGS_ATTR
-from .tuning.deferred import LateVersionError, func_if_made
-from .tuning.measure import KernelJob
-from .tuning.profiler import Profiler, plan_key
-from .tuning import versions as tuning_versions
-from .tuning.versions import func_key, kernel_versions, unscheduled_funcs
-from .tuning.version_pool import VersionRequest, make_versions_in_pool
+from ..tuning.deferred import LateVersionError, func_if_made
+from ..tuning.measure import KernelJob
+from ..tuning.profiler import Profiler, plan_key
+from ..tuning import versions as tuning_versions
+from ..tuning.versions import func_key, kernel_versions, unscheduled_funcs
+from ..tuning.version_pool import VersionRequest, make_versions_in_pool
 
 __all__ = ["BuiltRProgram", "BackendResult", "build_rprograms", "RammerBackend", "make_profiler"]
 
@@ -226,7 +226,7 @@ def _small_operators(operators: dict, mod, stash: dict, rk_target, config, vdevi
     lowering (~25 ms an operator without a record) is the one part done in the main process, so
     that every host makes the same versions and writes the same records. ``operators``: name ->
     node; ``stash``: the unscheduled PrimFuncs (``unscheduled_funcs``)."""
-    from .tuning.profiler import small_operators
+    from ..tuning.profiler import small_operators
 
     base_us, lowered = {}, {}
     for name, node in operators.items():
@@ -255,8 +255,8 @@ def _candidates(graph, mod, target, config, profiler, skipped, vdevice=None):
     with a usable operator record (``tuning.operator_record``) gets only the versions a choice
     or a measurement can use; the others take the full path, and with a device have their record
     written."""
-    from .tuning.operator_record import OperatorRecords
-    from .tuning.versions import open_database
+    from ..tuning.operator_record import OperatorRecords
+    from ..tuning.versions import open_database
 
     informed = profiler.measures or bool(profiler.sources) or config.emulate_versions
     stash = unscheduled_funcs(mod) if informed else {}
@@ -354,7 +354,7 @@ def _check_on_emulator(candidates: dict, target) -> None:
     (one record per version), the versions not valid there leave ``versions`` for
     ``emulator_dropped``, and ``unusable`` says why when that removes the pipeline's own version
     (the operator then stays TVM's default kernel, as when a GPU measures it wrong)."""
-    from .emulator.versions import EmulatedValidator
+    from ..emulator.versions import EmulatedValidator
 
     validator = EmulatedValidator(target)
     records = validator.validate(_jobs(candidates))
@@ -622,10 +622,10 @@ def make_profiler(target, config: RammerConfig, device=None, started: float | No
     ``profile_budget_s``."""
     import os
 
-    from .host.gpu import local_gpu
-    from .target import same_arch
-    from .tuning.measure import CudaDevice
-    from .tuning.profile_db import (JsonProfileDB, default_cache_path, open_profile_db,
+    from ..host.gpu import local_gpu
+    from ..target import same_arch
+    from ..tuning.measure import CudaDevice
+    from ..tuning.profile_db import (JsonProfileDB, default_cache_path, open_profile_db,
                                     shipped_profile_dbs)
 
     arch = target_arch(target)

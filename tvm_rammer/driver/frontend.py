@@ -10,11 +10,11 @@ import onnx
 import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
-from .config import RammerConfig
-from .onnx_prep.onnx_fold import fold_shape_subgraphs
+from ..config import RammerConfig
+from ..onnx_prep.onnx_fold import fold_shape_subgraphs
 from .pipeline import rammer_pipeline
-from .onnx_prep.shapes import UNBOUND_ATTR, bind_shapes, unbound_inputs
-from .target import resolve_target
+from ..onnx_prep.shapes import UNBOUND_ATTR, bind_shapes, unbound_inputs
+from ..target import resolve_target
 
 
 def load_onnx(model) -> onnx.ModelProto:

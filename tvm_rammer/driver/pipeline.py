@@ -44,15 +44,15 @@ from tir_templates.exact_pow import ExactPowers
 from tir_templates.gemv_epilogue import GEMVEpilogue
 
 from .backend import RammerBackend
-from .codegen.tir_pipeline import install as install_tir_pipeline
-from .config import RammerConfig
-from .host.cuda_compile import install as install_cuda_compile
+from ..codegen.tir_pipeline import install as install_tir_pipeline
+from ..config import RammerConfig
+from ..host.cuda_compile import install as install_cuda_compile
 from .launches import count_launches
 from .report import UNPLACED_ATTR, unplaced_operators
-from .onnx_prep.shapes import unbound_message, unbound_params
-from .rocm.build import install as install_rocm_build
-from .target import KINDS, is_rammer_target, plain_target, register_tags, rkernel_target
-from .tuning.versions import StashUnscheduled
+from ..onnx_prep.shapes import unbound_message, unbound_params
+from ..rocm.build import install as install_rocm_build
+from ..target import KINDS, is_rammer_target, plain_target, register_tags, rkernel_target
+from ..tuning.versions import StashUnscheduled
 
 PIPELINE_NAME = "rammer"
 LOG = logging.getLogger("tvm_rammer")
