@@ -47,7 +47,7 @@ import json, sys, time
 import tvm
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.driver.frontend import import_onnx, lower
-from tvm_rammer.inspection import lower_default
+from tvm_rammer.views.inspection import lower_default
 from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.models import get_model
 from tvm_rammer.driver.timings import PipelineProgress

@@ -59,7 +59,7 @@ def check_model(model: str, precision: str, separate: bool = False) -> dict:
 
     from tvm_rammer.emulator import versions as emulated
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
 
     if separate:  # the back end imports EmulatedValidator from the module when it runs

@@ -4,7 +4,7 @@ import pytest
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.scheduling.critical_path import (critical_path, last_chain, rounds_us,
                                       rprogram_critical_paths)
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 
 TARGET = "rammer/nvidia-h100"

@@ -23,7 +23,7 @@ from tir_templates.default_schedule import schedule_like_default
 from tir_templates.templates import Template, schedule_spatial
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.emulator.versions import check_versions
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import plain_target, resolve_target
 from tvm_rammer.tuning import versions as versions_module

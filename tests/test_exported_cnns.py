@@ -13,7 +13,7 @@ import tvm
 
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.driver.frontend import import_onnx
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.driver.pipeline import inference_passes
 
 from exported_cnns import OPSETS, REDUCED_CNN, export, mirror, torch_model

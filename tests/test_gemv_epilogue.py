@@ -350,7 +350,7 @@ def test_cell_tiling_takes_whole_warps_within_the_cap():
 def test_a_cell_that_does_not_tile_stays_two_operators_in_one_rprogram():
     """Hidden 6: no whole-warp tiling, so no fusion; the model is still one rProgram (fusing
     would have left the cells ordinary kernels between rPrograms)."""
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
 
     model = get_model("lstm_tc", seq_len=4, input_size=5, hidden=6, layers=2)
     assert not fused_cells(rewritten(model))

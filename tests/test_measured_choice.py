@@ -10,7 +10,7 @@ from fake_device import FakeDevice, version_name
 from tvm_rammer.driver.backend import make_profiler
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.driver.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.driver.report import rprogram_reports

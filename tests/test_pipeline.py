@@ -8,7 +8,7 @@ from tvm import relax
 
 import tvm_rammer
 from tvm_rammer.driver.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.driver.report import rprogram_reports

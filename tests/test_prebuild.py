@@ -12,7 +12,7 @@ from tvm_rammer.scheduling import policy
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.host.gpu import DeviceId, LocalGPU
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.tuning.measure import CudaDevice
 from tvm_rammer.tuning.profile_db import open_profile_db

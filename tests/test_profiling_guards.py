@@ -656,7 +656,7 @@ def test_making_versions_stops_when_the_budget_runs_out_while_they_are_made(monk
     the control without a budget makes every operator's."""
     from tvm_rammer.driver import backend
     from tvm_rammer.driver.frontend import import_onnx
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
 
     clock = fake_device.FakeClock(0.0)

@@ -164,7 +164,7 @@ def test_code_object_metadata_of_every_persistent_kernel(branches):
 
 def test_inspect_reports_code_object_and_fitting_veus(branches):
     mod, _, _ = branches
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     summary = inspect_model(mod, MI300X)
     assert summary["rprograms"] >= 1
     for program in summary["programs"]:
@@ -184,7 +184,7 @@ def test_wide_veu_gets_its_real_workgroup_size():
     config = RammerConfig(max_rtask_threads=1024)
     ex, hsaco = _build(mod, config=config)
     meta, _, names = _persistent(hsaco)
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     widths = {p["kernel"] + "_kernel": p["veu_threads"]
               for p in inspect_model(mod, MI300X, config)["programs"]}
     assert max(widths.values()) > rocm_build.TVM_FLAT_LIMIT

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tvm_rammer.scheduling import timeline
-from tvm_rammer import timeline_view
+from tvm_rammer.views import timeline_view
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, RProgramPlan, schedule
 from tvm_rammer.abstractions.rprogram import RProgram

@@ -11,7 +11,7 @@ from tir_templates.s_tir_passes import s_tir_passes
 from tvm_rammer import RammerConfig
 from tvm_rammer.codegen import tir_pipeline
 from tvm_rammer.driver.frontend import import_onnx, lower
-from tvm_rammer.inspection import lower_default
+from tvm_rammer.views.inspection import lower_default
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import plain_target, rammer_target
 

@@ -124,7 +124,7 @@ def test_a_compile_that_makes_versions_in_workers_chooses_what_one_making_them_h
     from fake_device import FakeDevice
     from tvm_rammer.config import RammerConfig
     from tvm_rammer.driver.frontend import import_onnx
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.tuning.profile_db import open_profile_db
     from tvm_rammer.tuning.profiler import Profiler

@@ -246,7 +246,7 @@ def _format_shares(timelines) -> str:
 
 def _write_timeline(out: str, timelines, title: str) -> None:
     from .host.packages import missing
-    from .timeline_view import write
+    from .views.timeline_view import write
 
     paths = write(out, timelines, title, png=not missing("matplotlib"))  # (preflight warned)
     print(f"tvm-rammer: wrote {paths[0]} (open it in ui.perfetto.dev)"
@@ -255,7 +255,7 @@ def _write_timeline(out: str, timelines, title: str) -> None:
 
 
 def cmd_inspect(args) -> int:
-    from . import inspection
+    from .views import inspection
     summary, lowered = _timed(args, lambda extra: inspection.inspect_lowered(
         args.model, args.target, _config(args), timings=extra))
     timelines = None

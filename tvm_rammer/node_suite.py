@@ -91,7 +91,7 @@ def check_model(name: str, model: bytes, target: str = TARGET) -> CaseResult:
 
     from .config import RammerConfig
     from .driver.frontend import import_onnx, lower
-    from .inspection import lower_default
+    from .views.inspection import lower_default
     from .driver.launches import count_launches
 
     start = time.monotonic()

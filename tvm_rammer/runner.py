@@ -253,7 +253,7 @@ def _demo_emulated(model, target, config) -> int:
 
 def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     """The main job: the bundled branch model's schedule; run and check when a GPU is present."""
-    from .inspection import inspect_model
+    from .views.inspection import inspect_model
     from .models import get_model
     from .driver.report import format_schedule
 

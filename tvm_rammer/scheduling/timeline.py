@@ -18,7 +18,7 @@ To a profiler a persistent kernel is one long kernel. This module opens it:
   barrier-rTask; :func:`shares` is the per-vEU busy / barrier-wait / idle split, and
   :func:`in_context_records` the measured in-context rTask times for the profile database.
 
-The writers (Perfetto JSON, PNG) are in :mod:`tvm_rammer.timeline_view`. Pure Python and NumPy.
+The writers (Perfetto JSON, PNG) are in :mod:`tvm_rammer.views.timeline_view`. Pure Python and NumPy.
 
 Measured times are ``%globaltimer`` readings: the PTX ISA defines it as a global nanosecond timer
 (one clock for all SMs) but promises no update rate, so very short rTasks may show as zero-length

@@ -9,11 +9,11 @@ from tvm import relax
 
 from relay_passes.dataflow_graph import DataflowGraph
 
-from .config import RammerConfig
-from .scheduling.critical_path import rprogram_critical_paths
-from .driver.frontend import import_onnx, lower
-from .driver.report import summarize
-from .target import plain_target, resolve_target
+from ..config import RammerConfig
+from ..scheduling.critical_path import rprogram_critical_paths
+from ..driver.frontend import import_onnx, lower
+from ..driver.report import summarize
+from ..target import plain_target, resolve_target
 
 
 def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
@@ -45,7 +45,7 @@ def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=
     summary = summarize(rammer_mod, default_mod)
     resolved = resolve_target(target)
     if resolved.kind.name == "rocm":  # what each rProgram's code object says (tvm_rammer.rocm)
-        from .rocm.report import add_code_objects  # pylint: disable=import-outside-toplevel
+        from ..rocm.report import add_code_objects  # pylint: disable=import-outside-toplevel
         add_code_objects(summary, rammer_mod, resolved)
     add_critical_paths(summary, capture.captured, (config or RammerConfig()).barrier_us)
     return summary, rammer_mod

@@ -20,8 +20,8 @@ import json
 import os
 import warnings
 
-from .host import packages
-from .scheduling.timeline import shares
+from ..host import packages
+from ..scheduling.timeline import shares
 
 __all__ = ["trace_events", "write_trace", "plot", "write_png", "write", "output_paths"]
 
