@@ -95,7 +95,7 @@ row = {"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s
        "phases": [[n, round(s, 2)] for n, s in steps],
        "check_unmeasured": config.check_unmeasured, "rkernel_functions": config.rkernel_functions}
 if build:  # what tvm.compile adds: TIR lowering, CUDA and host codegen (no CUDA compile without a GPU)
-    from tvm_rammer.runner import resolve_target
+    from tvm_rammer.run.runner import resolve_target
     from tvm_rammer.target import plain_target
     rammer = resolve_target(target)
     for key, lowered, tgt in (("rammer_build_s", ours, rammer), ("default_build_s", theirs,

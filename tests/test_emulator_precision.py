@@ -13,7 +13,7 @@ import pytest
 
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import MODEL_TOLERANCES, model_tolerance
-from tvm_rammer.runner import model_tolerance_of
+from tvm_rammer.run.runner import model_tolerance_of
 
 SMALL = ["--num-sms", "2", "--veus-per-sm", "1"]
 needs_cxx = pytest.mark.skipif(

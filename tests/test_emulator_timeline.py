@@ -20,7 +20,7 @@ from test_emulator import reverse_order_run
 from tvm_rammer import RammerConfig
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),

@@ -19,7 +19,7 @@ import tvm_rammer
 from tir_templates.exact_pow import MAX_MULTIPLIED, ExactPowers
 from tir_templates.serial_run import run_on_cpu
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 from onnx_builders import SMALL_REDUCTIONS
 

@@ -137,7 +137,7 @@ def test_nimble_executor_says_what_it_needs_without_a_gpu():
 def test_nimble_executor_matches_onnxruntime(name):
     from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference, random_inputs
+    from tvm_rammer.run.runner import onnx_reference, random_inputs
 
     if nimble._cudart() is None:
         pytest.skip("needs cuda-python")
@@ -157,7 +157,7 @@ def test_nimble_executor_matches_onnxruntime(name):
 def test_nimble_bench_column_is_checked_and_timed_on_the_gpu(recwarn):
     from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference, random_inputs
+    from tvm_rammer.run.runner import onnx_reference, random_inputs
 
     if nimble._cudart() is None:
         pytest.skip("needs cuda-python")
@@ -183,7 +183,7 @@ def test_policies_compile_to_kernels_that_match_onnxruntime(policy, name):
     import tvm_rammer
     from tvm_rammer.config import RammerConfig
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference, random_inputs
+    from tvm_rammer.run.runner import onnx_reference, random_inputs
 
     proto = get_model(name, **REDUCED[name])
     feeds = random_inputs(proto, 0)

@@ -21,7 +21,7 @@ from tvm_rammer.benchmarks import nimble
 from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 SENTINEL = 0x5151  # TVM's stream of the CPU device before prepare(): it must be given back
 

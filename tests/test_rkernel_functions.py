@@ -18,7 +18,7 @@ from tvm_rammer import RammerConfig
 from tvm_rammer.codegen import rkernel_functions
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 needs_cxx = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),

@@ -345,7 +345,7 @@ def test_run_timeline_without_a_gpu_says_not_measured(model_files, capsys):
         pytest.skip("a GPU is visible: the measured timeline is tested in test_measured_timeline_*")
     assert main(["run", str(model_files["nasbench_cell"]), "--timeline", "x"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
-    from tvm_rammer import runner
+    from tvm_rammer.run import runner
     with pytest.raises(ValueError, match="not measured"):
         runner.run_timeline(str(model_files["nasbench_cell"]), "rammer/nvidia-h100")
     assert main(["run", str(model_files["nasbench_cell"]), "--record-in-context"]) == 2
@@ -431,7 +431,7 @@ def test_main_returns_one_timeline_buffer_per_rprogram(instrumented):
 def test_the_instrumented_build_compiles_end_to_end():
     from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import get_model
-    from tvm_rammer.runner import build_timeline
+    from tvm_rammer.run.runner import build_timeline
 
     executable, schedules, names = build_timeline(import_onnx(get_model("branches", n=4)),
                                                   "rammer/nvidia-h100", RammerConfig(profile=False))
@@ -503,7 +503,7 @@ def test_return_timelines_before_expected():
 
 @pytest.mark.gpu
 def test_measured_timeline_of_the_demo_model(model_files, tmp_path):
-    from tvm_rammer import runner
+    from tvm_rammer.run import runner
     from tvm_rammer.host.gpu import local_gpu
 
     found = runner.run_timeline(str(model_files["branches"]), "rammer/nvidia-h100")

@@ -276,7 +276,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from . import runner
+    from .run import runner
     config = _config(args)
     if args.record_in_context and not args.timeline:
         raise ValueError("--record-in-context records what --timeline measures; add --timeline OUT")
@@ -318,7 +318,7 @@ def _run_emulated(args, config) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import runner
+    from .run import runner
     return runner.demo(args.target, _config(args), branches=args.branches)
 
 

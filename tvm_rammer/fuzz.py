@@ -262,7 +262,7 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
     from .codegen import faults
     from .driver.frontend import compile as rammer_compile
     from .numerics import relative_error
-    from .runner import _flatten, onnx_reference, random_inputs
+    from .run.runner import _flatten, onnx_reference, random_inputs
 
     try:
         feeds = random_inputs(proto, seed=1)
@@ -285,7 +285,7 @@ def _emulator_check(proto, lowered, config) -> dict:
     """Run the lowered module on the CPU emulator and compare with onnxruntime."""
     from . import emulator
     from .numerics import relative_error
-    from .runner import model_tolerance_of, onnx_reference, random_inputs
+    from .run.runner import model_tolerance_of, onnx_reference, random_inputs
 
     try:
         feeds = random_inputs(proto, seed=1)

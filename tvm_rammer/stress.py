@@ -42,7 +42,7 @@ def _compile(name: str, params: dict):
 
     import tvm_rammer
     from tvm_rammer.models import get_model
-    from tvm_rammer.runner import random_inputs
+    from tvm_rammer.run.runner import random_inputs
 
     model = get_model(name, **params)
     # numerics and stability only: nothing measured (the sanitizer runs each compile under
@@ -125,7 +125,7 @@ def run_model(name: str) -> int:
     from tvm_rammer.codegen import faults
     from tvm_rammer.models import REDUCED
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference
+    from tvm_rammer.run.runner import onnx_reference
 
     model, _, vm, args, feeds = _compile(name, REDUCED.get(name, {}))
     outs = _outputs(vm["main"](*args))

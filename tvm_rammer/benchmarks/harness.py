@@ -148,7 +148,7 @@ def bench_model(job: dict, emit) -> None:
     from ..host.packages import why_missing
     from ..models import get_model
     from ..numerics import relative_error
-    from ..runner import onnx_reference, random_inputs
+    from ..run.runner import onnx_reference, random_inputs
     from . import floor as floor_mod
     from . import systems as sysmod
 

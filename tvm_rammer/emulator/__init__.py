@@ -63,7 +63,7 @@ def model_inputs(model, inputs, build: EmulationBuild, seed: int = 0) -> list:
         if build.onnx is None:
             raise ValueError("inputs=None makes seeded random inputs for an ONNX model only; pass "
                              "the inputs for a Relax module (a list, or a dict by name)")
-        from ..runner import random_inputs
+        from ..run.runner import random_inputs
 
         feeds = random_inputs(build.onnx, seed)
         return [feeds[n] for n in names]

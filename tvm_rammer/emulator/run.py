@@ -1,6 +1,6 @@
 """``tvm-rammer run --emulate`` and the demo without a GPU: both pipelines on the emulator, checked.
 
-:func:`run_model` is :func:`tvm_rammer.runner.run_model` with the emulator for the GPU: the model
+:func:`run_model` is :func:`tvm_rammer.run.runner.run_model` with the emulator for the GPU: the model
 compiled with tvm-rammer's pipeline and with TVM's default pipeline, each run once on seeded inputs
 and compared with onnxruntime (with TVM's default pipeline's outputs when onnxruntime is missing).
 The result has the GPU run's keys (``rammer.max_rel_err``, ``default.max_rel_err``, ``ok``,
@@ -14,7 +14,7 @@ from ..config import RammerConfig
 from ..driver.frontend import load_onnx
 from ..host import packages
 from ..numerics import relative_error
-from ..runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
+from ..run.runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
 from ..onnx_prep.shapes import bind_shapes
 from . import emulate, emulation_build
 

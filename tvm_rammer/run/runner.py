@@ -9,15 +9,15 @@ import onnx
 import tvm
 from tvm import relax
 
-from .codegen import faults
-from .host import packages
-from .config import RammerConfig
-from .driver.frontend import import_onnx, load_onnx
-from .host.gpu import gpu_available
-from .numerics import model_tolerance, relative_error
-from .driver.pipeline import rammer_pipeline
-from .onnx_prep.shapes import bind_shapes
-from .target import plain_target, resolve_target
+from ..codegen import faults
+from ..host import packages
+from ..config import RammerConfig
+from ..driver.frontend import import_onnx, load_onnx
+from ..host.gpu import gpu_available
+from ..numerics import model_tolerance, relative_error
+from ..driver.pipeline import rammer_pipeline
+from ..onnx_prep.shapes import bind_shapes
+from ..target import plain_target, resolve_target
 
 REFERENCE_DEFAULT = "TVM's default pipeline (onnxruntime is not installed)"
 ORT_MAX_IR_VERSION = 10  # onnxruntime 1.2x on the CPU machines; the GPU machine takes <= 13
@@ -150,8 +150,8 @@ def build_timeline(mod: tvm.IRModule, target, config: RammerConfig | None = None
 
     from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
 
-    from .scheduling import timeline
-    from .driver.frontend import lower
+    from ..scheduling import timeline
+    from ..driver.frontend import lower
 
     rammer = resolve_target(target)
     lowered = lower(mod, rammer, replace(config or RammerConfig(), timeline=True))
@@ -172,7 +172,7 @@ def run_timeline(model, target, config: RammerConfig | None = None, seed: int = 
     Returns ``measured`` and ``predicted`` (lists of ``timeline.Timeline``, one per rProgram),
     ``schedules``, and ``max_rel_err`` of the instrumented run against onnxruntime (None without
     onnxruntime: not compared)."""
-    from .scheduling import timeline
+    from ..scheduling import timeline
 
     if not gpu_available():
         raise ValueError("no CUDA GPU is visible: the measured timeline needs one (not measured); "
@@ -202,9 +202,9 @@ def record_in_context(measured, schedules, config: RammerConfig | None = None) -
     """Write the measured in-context rTask times (``timeline.in_context_records``) to the profile
     database (``config.profile_db``, else the per-user cache) as kind "in_context", for the local
     GPU; returns how many records were written."""
-    from .scheduling import timeline
-    from .host.gpu import local_gpu
-    from .tuning.profile_db import default_cache_path, open_profile_db
+    from ..scheduling import timeline
+    from ..host.gpu import local_gpu
+    from ..tuning.profile_db import default_cache_path, open_profile_db
 
     gpu = local_gpu()
     if gpu is None:
@@ -238,8 +238,8 @@ def _demo_emulated(model, target, config) -> int:
         print("no CUDA GPU and no C++ compiler here: compiled and scheduled only (install g++ to "
               "run the demo on the CPU emulator, or run `tvm-rammer run` on a GPU)")
         return 0
-    from .emulator import run as emulated
-    from .emulator.errors import EmulatorError
+    from ..emulator import run as emulated
+    from ..emulator.errors import EmulatorError
 
     print("no CUDA GPU here: running the generated CUDA on the CPU emulator")
     try:
@@ -253,16 +253,16 @@ def _demo_emulated(model, target, config) -> int:
 
 def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
     """The main job: the bundled branch model's schedule; run and check when a GPU is present."""
-    from .views.inspection import inspect_model
-    from .models import get_model
-    from .driver.report import format_schedule
+    from ..views.inspection import inspect_model
+    from ..models import get_model
+    from ..driver.report import format_schedule
 
     model = get_model("branches", n=branches)
     summary = inspect_model(import_onnx(model), target, config)
     print(f"model: {branches} parallel GEMV [1,256]x[256,256] + ReLU branches joined by Sum")
     print(format_schedule(summary))
     if resolve_target(target).kind.name == "rocm":  # no ROCm runtime: built and checked, not run
-        from .rocm.report import format_code_objects  # pylint: disable=import-outside-toplevel
+        from ..rocm.report import format_code_objects  # pylint: disable=import-outside-toplevel
         print(format_code_objects(summary))
         return 0
     if not gpu_available():
