@@ -189,14 +189,14 @@ PY
       local exe; exe=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
       local rc=0 tool
       for tool in memcheck racecheck synccheck; do
-        run "$exe" --tool "$tool" --error-exitcode 99 python3 -m tvm_rammer.stress run-model "$m" \
+        run "$exe" --tool "$tool" --error-exitcode 99 python3 -m tvm_rammer.checks.stress run-model "$m" \
           > "$dir/$tool.log" 2>&1 || rc=$?
       done
       return $rc ;;
     stress-runs)
-      py -m tvm_rammer.stress --out "$dir" --parts back_to_back,threads > "$dir/stress.log" 2>&1 ;;
+      py -m tvm_rammer.checks.stress --out "$dir" --parts back_to_back,threads > "$dir/stress.log" 2>&1 ;;
     stress-fuzz)
-      py -m tvm_rammer.stress --out "$dir" --parts fuzz --graphs "${FUZZ_GRAPHS:-150}" \
+      py -m tvm_rammer.checks.stress --out "$dir" --parts fuzz --graphs "${FUZZ_GRAPHS:-150}" \
         > "$dir/stress.log" 2>&1 ;;
     *) echo "gpu_check: no stage $stage" >&2; return 2 ;;
   esac
@@ -232,7 +232,7 @@ if [ "$cmd" = "--stress" ]; then  # the whole stress run at once (hours; no stag
   out="${2:-${OUT:-out}}"; mkdir -p "$out"
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
   # shellcheck disable=SC2086
-  python3 -m tvm_rammer.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
+  python3 -m tvm_rammer.checks.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ -z "$cmd" ] || [ "$cmd" = "-h" ] || [ "$cmd" = "--help" ]; then

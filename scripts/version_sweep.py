@@ -21,7 +21,7 @@ What this check is, and is not: it runs the *TIR* of each schedule on the CPU, n
 generate. It sees what a schedule computes (its loop nests, the regions of its caches and
 write-backs, padding and predicates), the defect class of ``spatial_t128x4`` on a 7x7 plane. It
 cannot see races, barriers, warp shuffles, the prelowered rTask rewrite, the persistent kernel's
-coarsening loop, or nvcc: those are the CUDA emulator's (``tvm_rammer/emulator/``, issue 23), which
+coarsening loop, or nvcc: those are the CUDA emulator's (``tvm_rammer/checks/emulator/``, issue 23), which
 runs the generated CUDA and complements this. In particular:
 
 - coarsened variants (``rkernels.coarsenings``: several thread blocks of one version per rTask) run

@@ -59,7 +59,7 @@ def test_float16_model_passes_at_float16_tolerance(branches2_path, capsys):
 def test_float16_real_mismatch_is_still_reported(branches2_path, capsys, monkeypatch):
     """Negative control: outputs 10% off the reference fail float16's bound too."""
     from tvm_rammer.cli import main
-    from tvm_rammer.emulator import run as emulated
+    from tvm_rammer.checks.emulator import run as emulated
 
     real = emulated.onnx_reference
     monkeypatch.setattr(emulated, "onnx_reference",

@@ -1,4 +1,4 @@
-"""The CPU emulator's runtime (tvm_rammer/emulator/build.py + include/): hand-written CUDA snippets built
+"""The CPU emulator's runtime (tvm_rammer/checks/emulator/build.py + include/): hand-written CUDA snippets built
 with build_module and launched, each checked against numpy; our own persistent-kernel helpers
 (codegen/cuda_helpers.py) in a cooperative two-block handshake, their timeout producing the fault
 record; negative controls (a named barrier with a wrong count deadlocks with a report naming it,
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tvm_rammer.codegen import cuda_helpers
-from tvm_rammer.emulator.build import (EmulatorDeadlock, EmulatorError, build_module, kernel_names,
+from tvm_rammer.checks.emulator.build import (EmulatorDeadlock, EmulatorError, build_module, kernel_names,
                                        rewrite_source)
 
 pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),

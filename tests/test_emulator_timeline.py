@@ -33,7 +33,7 @@ def _instrumented(proto, config):
     """(EmulationBuild of the lowered instrumented module, schedules, timeline kernel names)."""
     from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
 
-    from tvm_rammer import emulator
+    from tvm_rammer.checks import emulator
     from tvm_rammer.scheduling import timeline
     from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.target import resolve_target

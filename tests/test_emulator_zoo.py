@@ -27,7 +27,7 @@ FLOAT16 = ("resnext29", "alexnet")
 
 
 def _emulated_error(name, proto, config):
-    from tvm_rammer import emulator
+    from tvm_rammer.checks import emulator
 
     feeds = random_inputs(proto, 0)
     result = emulator.emulate(proto, feeds, config=config)

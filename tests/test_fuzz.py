@@ -5,7 +5,7 @@ import os
 import onnx
 import pytest
 
-from tvm_rammer import fuzz
+from tvm_rammer.checks import fuzz
 from tvm_rammer.cli import main as cli_main
 
 GRAPHS, SEED = 200, 0
@@ -88,7 +88,7 @@ def test_gpu_flag_without_a_gpu_is_a_clear_error(capsys):
 
 
 def test_the_stress_run_says_plainly_when_there_is_no_gpu(capsys):
-    from tvm_rammer import stress
+    from tvm_rammer.checks import stress
     from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():

@@ -9,7 +9,7 @@ import shutil
 import onnx
 import pytest
 
-from tvm_rammer import fuzz
+from tvm_rammer.checks import fuzz
 from tvm_rammer.cli import main as cli_main
 
 pytestmark = pytest.mark.skipif(

@@ -5,7 +5,7 @@ the dispatch that makes ``tvm.compile(mod, target=<rammer target>)`` use it.
 """
 
 from .config import RammerConfig
-from .emulator import emulate  # CUDA on the CPU (tvm_rammer/emulator/)
+from .checks.emulator import emulate  # CUDA on the CPU (tvm_rammer/checks/emulator/)
 from .driver.frontend import compile, import_onnx, lower  # noqa: A004
 from .driver.pipeline import install, rammer_pipeline
 from .target import is_rammer_target, rammer_target

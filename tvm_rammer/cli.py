@@ -300,10 +300,10 @@ def cmd_run(args) -> int:
 
 
 def _run_emulated(args, config) -> int:
-    """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.emulator.run)."""
+    """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.checks.emulator.run)."""
     from .codegen import faults
-    from .emulator import run as emulated
-    from .emulator.errors import EmulatorError
+    from .checks.emulator import run as emulated
+    from .checks.emulator.errors import EmulatorError
 
     if args.timeline:
         raise ValueError("--timeline measures on a GPU; --emulate runs on the CPU emulator, whose "
@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_bench(sub, _add_common, _config)
     register_tune(sub, _add_common, _config)
-    from .fuzz import register as register_fuzz
+    from .checks.fuzz import register as register_fuzz
 
     register_fuzz(sub)
     from .host.doctor import register as register_doctor

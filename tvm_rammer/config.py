@@ -119,7 +119,7 @@ class RammerConfig:
         awaited, its barriers), whatever its share of peak throughput; 1 us fits the H200 run
         (NASNet-CIFAR: 11,207 us for 4.8 M blocks on 528 vEUs, 1.2 us per block round).
     emulate_versions: check every rKernel version of every placeable operator against TVM's
-        default kernel on the CPU emulator (``tvm_rammer.emulator.versions``; needs g++) and never
+        default kernel on the CPU emulator (``tvm_rammer.checks.emulator.versions``; needs g++) and never
         use one that is not valid there (CLI ``--emulate`` on inspect/compile). No times: the
         choice stays measured or TVM's default. Off by default (seconds of g++ per compile).
     rkernel_functions: build each dispatch entry's rKernel body of a CUDA persistent kernel as its

@@ -47,7 +47,7 @@ no ``__trap``.
 These are emitted with ``tvm.backend.cuda.op.cuda_func_call``, which places the source below into
 the generated ``.cu`` file once per kernel.
 
-CPU emulation (``tvm_rammer.emulator``, issue 23): every helper has a portable branch under
+CPU emulation (``tvm_rammer.checks.emulator``, issue 23): every helper has a portable branch under
 ``#ifdef RAMMER_EMULATE`` (the emulator's build defines it), so the emulator never rewrites our
 inline PTX: acquire loads / release stores / the release add are ``__atomic`` builtins
 (``rammer_emu::load_acquire``, ``store_release``, ``red_add_release``), ``%globaltimer`` is the

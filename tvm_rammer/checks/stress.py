@@ -1,12 +1,12 @@
 """GPU stress run: the checks of reliability at scale, for any machine with a CUDA GPU.
 
-``python3 -m tvm_rammer.stress --out DIR`` (``bash scripts/gpu_check.sh --stress``) runs, each
+``python3 -m tvm_rammer.checks.stress --out DIR`` (``bash scripts/gpu_check.sh --stress``) runs, each
 part on its own and recorded whatever the others do:
 
 1. ``fuzz``: the fuzzer's graphs (default 5,000, seed 2026) compiled, run on the device and compared
-   with onnxruntime, every table also checked by the reference executor (``tvm_rammer.fuzz``);
+   with onnxruntime, every table also checked by the reference executor (``tvm_rammer.checks.fuzz``);
 2. ``sanitizer``: compute-sanitizer memcheck, racecheck and synccheck on the reduced model zoo, one
-   model per process (``compute-sanitizer --tool T python3 -m tvm_rammer.stress run-model NAME``);
+   model per process (``compute-sanitizer --tool T python3 -m tvm_rammer.checks.stress run-model NAME``);
 3. ``back_to_back``: 10,000 runs of one module, every output equal to the first run's, bit for bit;
 4. ``threads``: 8 threads sharing one compiled module, 300 runs each, all equal to one reference.
 
@@ -149,7 +149,7 @@ def sanitizer(models=None, tools=TOOLS, timeout: float = 1800.0) -> dict:
         for name in models or sorted(REDUCED):
             start = time.monotonic()
             cmd = [exe, "--tool", tool, "--error-exitcode", "99", sys.executable, "-m",
-                   "tvm_rammer.stress", "run-model", name]
+                   "tvm_rammer.checks.stress", "run-model", name]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                       check=False)
@@ -171,7 +171,7 @@ def sanitizer(models=None, tools=TOOLS, timeout: float = 1800.0) -> dict:
 
 
 def fuzz_on_gpu(graphs: int, seed: int, jobs: int, out_dir: str) -> dict:
-    from tvm_rammer.fuzz import fuzz
+    from tvm_rammer.checks.fuzz import fuzz
 
     result = fuzz(graphs, seed, jobs=jobs, gpu=True, out_dir=os.path.join(out_dir, "fuzz-failures"))
     return {"graphs": graphs, "seed": seed, "failures": len(result["failures"]),
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         argv = sys.argv[1:]
     if argv[:1] == ["run-model"]:
         return run_model(argv[1])
-    p = argparse.ArgumentParser(prog="python3 -m tvm_rammer.stress", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m tvm_rammer.checks.stress", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results", help="where the JSON goes")
     p.add_argument("--parts", default="fuzz,sanitizer,back_to_back,threads")
     p.add_argument("--graphs", type=int, default=5000)

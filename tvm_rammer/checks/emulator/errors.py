@@ -1,6 +1,6 @@
 """The emulator's exception, in a module of its own so that ``build.py`` (which runs
 ``ptx.translate``) and ``ptx.py`` both import it without an import cycle; ``build.py`` re-exports it
-(``from .errors import EmulatorError``) as the public ``tvm_rammer.emulator.build.EmulatorError``."""
+(``from .errors import EmulatorError``) as the public ``tvm_rammer.checks.emulator.build.EmulatorError``."""
 
 __all__ = ["EmulatorError"]
 

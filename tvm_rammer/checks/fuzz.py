@@ -1,6 +1,6 @@
 """Fuzz the whole pipeline: random ONNX DAGs down to the rProgram table, checked by the executor.
 
-``python3 -m tvm_rammer.fuzz --graphs N --seed S`` (or ``tvm-rammer fuzz``) builds N random graphs
+``python3 -m tvm_rammer.checks.fuzz --graphs N --seed S`` (or ``tvm-rammer fuzz``) builds N random graphs
 (:func:`random_graph`: NASBench-style cells, wide fan-in and fan-out, long chains, shared weights,
 multi-output and tuple-output operators, constants, reshape views, varied tensor sizes so that the
 kernels' thread counts differ), lowers each with the rammer pipeline under a random configuration
@@ -8,7 +8,7 @@ kernels' thread counts differ), lowers each with the rammer pipeline under a ran
 reference executor (``tvm_rammer.codegen.executor``) under many interleavings. With ``--gpu`` on a machine
 with a CUDA GPU each graph is also compiled, run and compared with onnxruntime. With ``--emulate``
 each graph is lowered for a small vDevice (:func:`emulated_options`: at most 2 SMs x 2 vEUs), its
-tables checked as above, and its CUDA executed on the CPU emulator (``tvm_rammer.emulator``; a C++
+tables checked as above, and its CUDA executed on the CPU emulator (``tvm_rammer.checks.emulator``; a C++
 compiler needed) against onnxruntime at ``numerics.model_tolerance``.
 
 A failure is any exception while lowering, any problem the executor reports, a worker that hangs
@@ -221,10 +221,10 @@ def check_graph(model_bytes: bytes, options: dict, trials: int = 8, gpu: bool = 
     "emulate" on a failure, ``max_rel_err`` and ``gxx_s`` when it matched)."""
     import onnx
 
-    from .config import RammerConfig
-    from .codegen.executor import check_module
-    from .driver.frontend import import_onnx, lower
-    from .driver.launches import count_launches
+    from ..config import RammerConfig
+    from ..codegen.executor import check_module
+    from ..driver.frontend import import_onnx, lower
+    from ..driver.launches import count_launches
 
     start = time.monotonic()
     proto = onnx.load_from_string(model_bytes)
@@ -259,10 +259,10 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
     import tvm
     from tvm import relax
 
-    from .codegen import faults
-    from .driver.frontend import compile as rammer_compile
-    from .numerics import relative_error
-    from .run.runner import _flatten, onnx_reference, random_inputs
+    from ..codegen import faults
+    from ..driver.frontend import compile as rammer_compile
+    from ..numerics import relative_error
+    from ..run.runner import _flatten, onnx_reference, random_inputs
 
     try:
         feeds = random_inputs(proto, seed=1)
@@ -284,8 +284,8 @@ def _gpu_check(proto, mod, config, tolerance: float = 1e-4) -> dict:
 def _emulator_check(proto, lowered, config) -> dict:
     """Run the lowered module on the CPU emulator and compare with onnxruntime."""
     from . import emulator
-    from .numerics import relative_error
-    from .run.runner import model_tolerance_of, onnx_reference, random_inputs
+    from ..numerics import relative_error
+    from ..run.runner import model_tolerance_of, onnx_reference, random_inputs
 
     try:
         feeds = random_inputs(proto, seed=1)
@@ -436,7 +436,7 @@ def fuzz(graphs: int, seed: int, jobs: int = 1, trials: int = 8, gpu: bool = Fal
             print(f"[{done_count[0]}/{graphs}] {len(failures)} failures, "
                   f"{time.monotonic() - start:.0f} s", flush=True)
 
-    run_jobs("tvm_rammer.fuzz:_job", job_list, jobs, timeout, on_result)
+    run_jobs("tvm_rammer.checks.fuzz:_job", job_list, jobs, timeout, on_result)
     saved = []
     for failure in sorted(failures, key=lambda f: f["index"]):
         i = failure["index"]
@@ -480,7 +480,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     if args.gpu:
-        from .host.gpu import gpu_available
+        from ..host.gpu import gpu_available
 
         if not gpu_available():
             raise ValueError("--gpu: no CUDA GPU is visible; run without --gpu to check the "
@@ -518,7 +518,7 @@ def register(sub, add_common=None, make_config=None):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m tvm_rammer.fuzz",
+    parser = argparse.ArgumentParser(prog="python3 -m tvm_rammer.checks.fuzz",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -924,7 +924,7 @@ def _error(stmt: AsmStatement, why: str) -> EmulatorError:
         where += f", under preprocessor conditions the emulator cannot decide ({stmt.condition})"
     return EmulatorError(f"the emulator cannot run this inline PTX ({why}; {where}); it knows "
                          "ldmatrix, mma.sync m16n8k8/k16, cp.async and their helpers "
-                         f"(tvm_rammer/emulator/ptx.py):\n{stmt.text}")
+                         f"(tvm_rammer/checks/emulator/ptx.py):\n{stmt.text}")
 
 
 def _with_lines(code: str, original: str) -> str:

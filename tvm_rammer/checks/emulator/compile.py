@@ -6,9 +6,9 @@ generation, then ``tvm.tirx.build`` of the PrimFuncs (BindTarget, the TIR pipeli
 Relax constants, so :func:`emulation_build` runs the same steps itself and keeps:
 
 * the finalized Relax module (``main`` in VM form: alloc_storage / alloc_tensor, builtins, calls of
-  the lowered PrimFuncs, constants), which :mod:`tvm_rammer.emulator.interpret` executes;
+  the lowered PrimFuncs, constants), which :mod:`tvm_rammer.checks.emulator.interpret` executes;
 * the host side of every PrimFunc, read just before ``tirx.MakePackedAPI``
-  (:func:`tvm_rammer.emulator.launches.host_functions`): the kernels each one launches;
+  (:func:`tvm_rammer.checks.emulator.launches.host_functions`): the kernels each one launches;
 * the CUDA source of the device module, made by TVM's ``target.build.cuda`` with the CUDA compile
   callback replaced for the duration of the build (``tvm_callback_cuda_compile``; nothing is
   compiled for a GPU) and restored afterwards. The host code is not generated: the emulator never
@@ -31,8 +31,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from ..config import RammerConfig
-from ..target import plain_target, resolve_target
+from ...config import RammerConfig
+from ...target import plain_target, resolve_target
 from .launches import Launch, bind_launches, host_functions, kernel_names
 
 __all__ = ["EmulationBuild", "emulation_build", "no_cuda_compile"]
@@ -50,7 +50,7 @@ class EmulationBuild:
     ``relax_mod``: the finalized Relax module (its PrimFuncs are the ones the TIR pipeline took);
     ``hosts``: ``{PrimFunc name: launches.HostFunc}``; ``cuda_source``: the device module's CUDA;
     ``kernels``: its ``__global__`` functions; ``compile_seconds``: the Relax pipeline plus the TIR
-    lowering and CUDA code generation; ``module``: the :class:`~tvm_rammer.emulator.build.EmulatedModule`
+    lowering and CUDA code generation; ``module``: the :class:`~tvm_rammer.checks.emulator.build.EmulatedModule`
     once :meth:`emulated` built it (``gxx_seconds``: its C++ build, 0.0 on a cache hit).
     """
 
@@ -86,7 +86,7 @@ class EmulationBuild:
         return self.relax_mod["main"]
 
     def launches(self) -> list:
-        """Every :class:`~tvm_rammer.emulator.launches.Launch` of one run of ``main``, in order
+        """Every :class:`~tvm_rammer.checks.emulator.launches.Launch` of one run of ``main``, in order
         (constants by reference)."""
         if self._launches is None:
             self._launches = static_launches(self)
@@ -140,7 +140,7 @@ def no_cuda_compile():
 
 def _relax_pipeline(pipeline, target, config, profiler):
     """(Relax pass or None, target to compile for, pipeline label)."""
-    from ..driver.pipeline import rammer_pipeline
+    from ...driver.pipeline import rammer_pipeline
 
     if pipeline == "rammer":
         rammer = resolve_target(target)
@@ -159,8 +159,8 @@ def _relax_pipeline(pipeline, target, config, profiler):
 
 def _module(model, shapes, batch) -> tuple:
     """(Relax module, bound ONNX ModelProto or None, ONNX input names)."""
-    from ..driver.frontend import import_onnx, load_onnx
-    from ..onnx_prep.shapes import bind_shapes
+    from ...driver.frontend import import_onnx, load_onnx
+    from ...onnx_prep.shapes import bind_shapes
 
     if isinstance(model, tvm.IRModule):
         if shapes or batch is not None:

@@ -63,7 +63,7 @@ def model_inputs(model, inputs, build: EmulationBuild, seed: int = 0) -> list:
         if build.onnx is None:
             raise ValueError("inputs=None makes seeded random inputs for an ONNX model only; pass "
                              "the inputs for a Relax module (a list, or a dict by name)")
-        from ..run.runner import random_inputs
+        from ...run.runner import random_inputs
 
         feeds = random_inputs(build.onnx, seed)
         return [feeds[n] for n in names]
@@ -87,7 +87,7 @@ def model_inputs(model, inputs, build: EmulationBuild, seed: int = 0) -> list:
 def read_fault(interpreter) -> dict | None:
     """The fault recorded in the interpreter's copy of the module's fault page, or None (also
     when the module has no persistent kernel with barriers)."""
-    from ..codegen import faults
+    from ...codegen import faults
 
     if not interpreter.has_function(faults.PAGE_FUNC):
         return None
@@ -108,7 +108,7 @@ def emulate(model, inputs=None, *, target="rammer/nvidia-h100", config=None, pip
     int seed), ``wall_limit_s``: each launch's wall-clock limit (``build.EmulatorDeadlock``
     past it). Raises ``tvm_rammer.codegen.faults.KernelFault`` when a persistent kernel recorded a fault
     (its ``result`` attribute holds the EmulationResult of the invalid run)."""
-    from ..codegen import faults
+    from ...codegen import faults
     from .build import _compiler
     from .interpret import Interpreter
 

@@ -15,7 +15,7 @@ Build steps:
      (``rammer_emu::shared_static`` / ``shared_dynamic``);
    * inline ``bar.sync`` / ``barrier.sync`` / ``bar.arrive`` asm (named barriers) becomes
      ``rammer_emu::bar_sync`` / ``bar_arrive`` (the runtime owns barriers);
-   * :func:`tvm_rammer.emulator.ptx.translate` rewrites the PTX it knows (tensor cores, cp.async)
+   * :func:`tvm_rammer.checks.emulator.ptx.translate` rewrites the PTX it knows (tensor cores, cp.async)
      and raises :class:`EmulatorError` quoting any other asm statement in a region the build
      compiles (``RAMMER_EMULATE`` is defined: our own helpers take their portable branch);
    * an exported launcher per kernel is appended (``rammer_emu_launch``: the kernel's parameter
@@ -33,7 +33,7 @@ Build steps:
    (:func:`_precompiled_header`): most of a small kernel's compile was parsing that header.
 
 Optimisation level (``opt``, default :data:`DEFAULT_OPT` = ``-O1``), chosen by measurement on this
-project's real sources: ``tvm_rammer.emulator.emulate`` of reduced zoo models (``models.REDUCED``;
+project's real sources: ``tvm_rammer.checks.emulator.emulate`` of reduced zoo models (``models.REDUCED``;
 ``branches`` at its full 16-branch size) on the ``rammer/nvidia-h100`` target, g++ 12.2 on a 2-core
 machine shared with other jobs (load 8-10, so wall times are inflated about 4x; the compile's own
 CPU time for SqueezeNet's source was 4.4 s user at -O0, 5.9 s at -O1). Every run matched
@@ -275,7 +275,7 @@ def rewrite_source(cuda_source: str) -> tuple:
     cases = "\n".join(f"  RAMMER_EMU_KERNEL_CASE({k})" for k in kernels)
     sigs = "\n".join(f"  RAMMER_EMU_SIGNATURE_CASE({k})" for k in kernels)
     wrapper = (
-        "\n// ---- emulator entry points (tvm_rammer/emulator/build.py)\n"
+        "\n// ---- emulator entry points (tvm_rammer/checks/emulator/build.py)\n"
         "RAMMER_EMU_EXPORT int rammer_emu_launch(const char* name, void** args, "
         "const ::rammer_emu::LaunchConfig* cfg, char* report, unsigned long long cap) {\n"
         f"{cases}\n  return ::rammer_emu::RC_UNKNOWN_KERNEL;\n}}\n"

@@ -45,7 +45,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from ..numerics import KERNEL_TOLERANCE, relative_error, seeded_array
+from ...numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 from .errors import EmulatorError
 
 __all__ = ["check_versions", "EmulatedValidator", "GUARD_BYTES"]
@@ -65,7 +65,7 @@ def _first_line(err: BaseException) -> str:
 
 def _specs(func: tirx.PrimFunc) -> list:
     """(name, shape, dtype) of every parameter (``tuning.measure.param_specs``)."""
-    from ..tuning.measure import param_specs
+    from ...tuning.measure import param_specs
 
     return param_specs(func)
 
@@ -185,7 +185,7 @@ def check_versions(jobs: Sequence, target, *, seed: int = 0, tolerance: float = 
     g++), ``gxx_builds``, ``gxx_s`` (g++ alone, 0 on a cache hit), ``run_s`` and ``kernels``.
     ``joint`` False: one g++ build per function (to measure what the joint module saves).
     Raises ValueError when there is no C++ compiler."""
-    from ..tuning.measure import tolerance_for
+    from ...tuning.measure import tolerance_for
 
     from .build import _compiler
 

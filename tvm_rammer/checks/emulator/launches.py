@@ -1,6 +1,6 @@
 """The one description of a kernel launch: what runs, with which grid, and what each parameter is.
 
-Two levels, both read from the module that :mod:`tvm_rammer.emulator.compile` keeps:
+Two levels, both read from the module that :mod:`tvm_rammer.checks.emulator.compile` keeps:
 
 * :class:`KernelCall` (static, per host PrimFunc): TVM's lowering turns every PrimFunc that Relax
   calls into a host function whose body launches device kernels

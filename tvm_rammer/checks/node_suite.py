@@ -9,7 +9,7 @@ must hold: every model the default pipeline lowers also lowers with tvm-rammer, 
 Each model runs in a worker subprocess with a time limit (a worker that hangs or crashes is replaced,
 and the model counts as failed). The whole suite::
 
-    python3 -m tvm_rammer.node_suite --jobs 2 --json benchmarks/results/node_suite.json
+    python3 -m tvm_rammer.checks.node_suite --jobs 2 --json benchmarks/results/node_suite.json
 
 A seeded sample: ``--sample 200 --seed 0``; one operator: ``--match nllloss``.
 """
@@ -89,10 +89,10 @@ def check_model(name: str, model: bytes, target: str = TARGET) -> CaseResult:
     """Lower one model with both pipelines and compare (runs in the worker)."""
     import onnx
 
-    from .config import RammerConfig
-    from .driver.frontend import import_onnx, lower
-    from .views.inspection import lower_default
-    from .driver.launches import count_launches
+    from ..config import RammerConfig
+    from ..driver.frontend import import_onnx, lower
+    from ..views.inspection import lower_default
+    from ..driver.launches import count_launches
 
     start = time.monotonic()
     result = CaseResult(name, OK)
@@ -132,7 +132,7 @@ def run_cases(cases: list, target: str = TARGET, jobs: int = 1,
         if progress is not None:
             progress(_as_result(name, result, why, timeout))
 
-    done = run_jobs("tvm_rammer.node_suite:_check_job",
+    done = run_jobs("tvm_rammer.checks.node_suite:_check_job",
                     [(name, (model, target)) for name, model in cases], jobs, timeout, on_result)
     return [_as_result(name, *done[name], timeout) for name, _ in cases]
 
@@ -177,7 +177,7 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m tvm_rammer.node_suite",
+    parser = argparse.ArgumentParser(prog="python3 -m tvm_rammer.checks.node_suite",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=None, help="a seeded sample of this many")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,11 +1,11 @@
 """Execute a finalized Relax ``main`` in Python, its kernels on the CPU through the emulator.
 
-The Relax module of :class:`~tvm_rammer.emulator.compile.EmulationBuild` is in the form the VM's
+The Relax module of :class:`~tvm_rammer.checks.emulator.compile.EmulationBuild` is in the form the VM's
 code generator takes: bindings of ``relax.vm.alloc_storage`` / ``relax.vm.alloc_tensor`` (a tensor
 at a byte offset in a storage), ``relax.vm.kill_object``, ``relax.null_value``, calls of VM builtins
 (``vm.builtin.check_tensor_info``, ``match_shape``, ``make_shape``, ``reshape``, ...), calls of the
 lowered PrimFuncs (each one's kernels launched through ``EmulatedModule.launch`` with the launch
-description of :mod:`tvm_rammer.emulator.launches`), calls of other Relax functions, tuples, tuple
+description of :mod:`tvm_rammer.checks.emulator.launches`), calls of other Relax functions, tuples, tuple
 items, constants, ``If``. Tensors are numpy arrays; a storage is one zeroed, 256-byte aligned uint8
 array and the tensors allocated in it are views of it, so memory planning (two tensors sharing
 bytes) is what the GPU would see.

@@ -10,12 +10,12 @@ The result has the GPU run's keys (``rammer.max_rel_err``, ``default.max_rel_err
 
 from __future__ import annotations
 
-from ..config import RammerConfig
-from ..driver.frontend import load_onnx
-from ..host import packages
-from ..numerics import relative_error
-from ..run.runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
-from ..onnx_prep.shapes import bind_shapes
+from ...config import RammerConfig
+from ...driver.frontend import load_onnx
+from ...host import packages
+from ...numerics import relative_error
+from ...run.runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
+from ...onnx_prep.shapes import bind_shapes
 from . import emulate, emulation_build
 
 __all__ = ["run_model", "format_result", "PIPELINES"]
