@@ -35,7 +35,7 @@ setup(
         "tqdm",
     ],
     # "**" needs setuptools >= 62.3 (pyproject.toml's build requirement)
-    package_data={"tvm_rammer": ["profiles/*", "emulator/include/**/*"]},
+    package_data={"tvm_rammer": ["profiles/*", "checks/emulator/include/**/*"]},
     extras_require={
         # the tutorials run as notebooks in a Jupyter kernel (tests/test_tutorials.py)
         "test": ["pytest", "onnxruntime", "matplotlib", "nbclient", "nbformat", "ipykernel"],

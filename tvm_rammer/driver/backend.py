@@ -354,7 +354,7 @@ def _check_on_emulator(candidates: dict, target) -> None:
     (one record per version), the versions not valid there leave ``versions`` for
     ``emulator_dropped``, and ``unusable`` says why when that removes the pipeline's own version
     (the operator then stays TVM's default kernel, as when a GPU measures it wrong)."""
-    from ..emulator.versions import EmulatedValidator
+    from ..checks.emulator.versions import EmulatedValidator
 
     validator = EmulatedValidator(target)
     records = validator.validate(_jobs(candidates))

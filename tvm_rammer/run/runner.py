@@ -238,8 +238,8 @@ def _demo_emulated(model, target, config) -> int:
         print("no CUDA GPU and no C++ compiler here: compiled and scheduled only (install g++ to "
               "run the demo on the CPU emulator, or run `tvm-rammer run` on a GPU)")
         return 0
-    from ..emulator import run as emulated
-    from ..emulator.errors import EmulatorError
+    from ..checks.emulator import run as emulated
+    from ..checks.emulator.errors import EmulatorError
 
     print("no CUDA GPU here: running the generated CUDA on the CPU emulator")
     try:
