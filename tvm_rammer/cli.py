@@ -318,8 +318,9 @@ def _run_emulated(args, config) -> int:
 
 
 def cmd_demo(args) -> int:
+    from .checks.emulator import run as emulated
     from .run import runner
-    return runner.demo(args.target, _config(args), branches=args.branches)
+    return runner.demo(args.target, _config(args), branches=args.branches, emulate=emulated.demo)
 
 
 def cmd_model(args) -> int:

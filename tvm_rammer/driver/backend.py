@@ -56,7 +56,7 @@ from ..target import plain_target, rkernel_target, target_arch
 from .timings import TIMINGS_ATTR
 from ..tuning.deferred import LateVersionError, func_if_made
 from ..tuning.measure import KernelJob
-from ..tuning.profiler import Profiler, plan_key
+from ..tuning.profiler import MAX_VERSIONS, Profiler, plan_key
 from ..tuning import versions as tuning_versions
 from ..tuning.versions import func_key, kernel_versions, unscheduled_funcs
 from ..tuning.version_pool import VersionRequest, make_versions_in_pool
@@ -64,6 +64,18 @@ from ..tuning.version_pool import VersionRequest, make_versions_in_pool
 __all__ = ["BuiltRProgram", "BackendResult", "build_rprograms", "RammerBackend", "make_profiler"]
 
 LOG = logging.getLogger("tvm_rammer")
+
+# A later stage's service, registered when that stage is imported (never imported from here):
+# ``factory(target)`` -> an object whose ``validate(jobs)`` checks every rKernel version against
+# TVM's default kernel ({version key: record}) and whose ``stats`` says what it did, for
+# ``RammerConfig(emulate_versions=True)``. ``tvm_rammer.checks.emulator.versions`` registers the
+# CPU emulator's (importing ``tvm_rammer`` imports it). Not configuration: in no key.
+_VERSION_CHECKER: dict = {}
+
+
+def register_version_checker(factory) -> None:
+    """Make ``factory(target)`` the check of rKernel versions that ``emulate_versions`` runs."""
+    _VERSION_CHECKER["factory"] = factory
 
 
 @dataclass
@@ -265,7 +277,9 @@ def _candidates(graph, mod, target, config, profiler, skipped, vdevice=None):
     records = None  # not with the emulator's check of every version, nor metaschedule versions
     if informed and stash and not config.emulate_versions and not config.tuning_db:
         records = OperatorRecords(profiler, target, config,
-                                  runnable=lambda vs: _runnable(vs, config.max_rtask_threads))
+                                  runnable=lambda vs: _runnable(vs, config.max_rtask_threads),
+                                  vdevice=rkernels.vdevice_for(target, config),
+                                  predict=rkernels.predicted_version_us, max_versions=MAX_VERSIONS)
 
     def out_of_budget(name, others) -> bool:  # past the budget they could never be measured
         if others and profiler.measures and name in stash and profiler.over_budget():
@@ -350,13 +364,17 @@ def _predictor(mod, config: RammerConfig, vdevice):
 
 def _check_on_emulator(candidates: dict, target) -> None:
     """``RammerConfig.emulate_versions``: every version of every candidate checked against TVM's
-    default kernel on the CPU emulator (``emulator.versions``); each candidate gets ``checked``
+    default kernel on the CPU emulator (``checks.emulator.versions``, registered with
+    :func:`register_version_checker`); each candidate gets ``checked``
     (one record per version), the versions not valid there leave ``versions`` for
     ``emulator_dropped``, and ``unusable`` says why when that removes the pipeline's own version
     (the operator then stays TVM's default kernel, as when a GPU measures it wrong)."""
-    from ..checks.emulator.versions import EmulatedValidator
-
-    validator = EmulatedValidator(target)
+    factory = _VERSION_CHECKER.get("factory")
+    if factory is None:
+        raise ValueError("RammerConfig(emulate_versions=True) needs the CPU emulator's check of "
+                         "rKernel versions: import tvm_rammer.checks.emulator first (importing "
+                         "tvm_rammer does)")
+    validator = factory(target)
     records = validator.validate(_jobs(candidates))
     LOG.info("tvm-rammer: %d rKernel versions checked on the emulator (%s)", len(records),
              validator.stats)

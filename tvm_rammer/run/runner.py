@@ -230,29 +230,12 @@ def format_result(result: dict) -> str:
             f"speedup {result['speedup']:.2f}x  {'OK' if result['ok'] else 'MISMATCH'}")
 
 
-def _demo_emulated(model, target, config) -> int:
-    """The demo without a GPU: run it on the CPU emulator (a C++ compiler needed) and check it."""
-    import shutil
+def demo(target, config: RammerConfig | None = None, branches: int = 16, emulate=None) -> int:
+    """The main job: the bundled branch model's schedule; run and check when a GPU is present.
 
-    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
-        print("no CUDA GPU and no C++ compiler here: compiled and scheduled only (install g++ to "
-              "run the demo on the CPU emulator, or run `tvm-rammer run` on a GPU)")
-        return 0
-    from ..checks.emulator import run as emulated
-    from ..checks.emulator.errors import EmulatorError
-
-    print("no CUDA GPU here: running the generated CUDA on the CPU emulator")
-    try:
-        result = emulated.run_model(model, target, config)
-    except (faults.KernelFault, EmulatorError) as err:  # a fault, a deadlock, a failed build
-        print(f"tvm-rammer: error: {err}")
-        return 1
-    print(emulated.format_result(result))
-    return 0 if result["ok"] else 1
-
-
-def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
-    """The main job: the bundled branch model's schedule; run and check when a GPU is present."""
+    ``emulate(model, target, config) -> exit code``: what to do without a GPU (the CLI hands in
+    the CPU emulator's, ``checks.emulator.run.demo``: the checkers come after this stage); None:
+    the schedule is printed and nothing is run."""
     from ..views.inspection import inspect_model
     from ..models import get_model
     from ..driver.report import format_schedule
@@ -266,7 +249,11 @@ def demo(target, config: RammerConfig | None = None, branches: int = 16) -> int:
         print(format_code_objects(summary))
         return 0
     if not gpu_available():
-        return _demo_emulated(model, target, config)
+        if emulate is None:
+            print("no CUDA GPU here: compiled and scheduled only (emulate= runs it on the CPU "
+                  "emulator, as `tvm-rammer demo` does)")
+            return 0
+        return emulate(model, target, config)
     result = run_model(model, target, config)
     print(format_result(result))
     return 0 if result["ok"] else 1

@@ -19,9 +19,10 @@ import numpy as np
 
 from .compile import EmulationBuild, emulation_build
 from .launches import Launch, LaunchParam
+from .versions import EmulatedValidator  # and, importing it, its check registered with the back end
 
-__all__ = ["emulate", "emulation_build", "EmulationBuild", "EmulationResult", "Launch",
-           "LaunchParam", "read_fault", "model_inputs"]
+__all__ = ["emulate", "emulation_build", "EmulationBuild", "EmulationResult", "EmulatedValidator",
+           "Launch", "LaunchParam", "read_fault", "model_inputs"]
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ...run.runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference,
 from ...onnx_prep.shapes import bind_shapes
 from . import emulate, emulation_build
 
-__all__ = ["run_model", "format_result", "PIPELINES"]
+__all__ = ["run_model", "format_result", "demo", "PIPELINES"]
 
 PIPELINES = ("rammer", "default")
 
@@ -98,3 +98,25 @@ def format_result(result: dict) -> str:
                      f"err {result['rammer']['max_rel_err']:.2e} > tolerance "
                      f"{result['tolerance']:.0e})")
     return "\n".join(lines)
+
+
+def demo(model, target, config) -> int:
+    """``tvm-rammer demo`` without a GPU (``run.runner.demo``'s ``emulate``, handed in by the CLI):
+    the model run on the CPU emulator (a C++ compiler needed) and checked; the exit code."""
+    import shutil
+
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        print("no CUDA GPU and no C++ compiler here: compiled and scheduled only (install g++ to "
+              "run the demo on the CPU emulator, or run `tvm-rammer run` on a GPU)")
+        return 0
+    from ...codegen import faults
+    from .errors import EmulatorError
+
+    print("no CUDA GPU here: running the generated CUDA on the CPU emulator")
+    try:
+        result = run_model(model, target, config)
+    except (faults.KernelFault, EmulatorError) as err:  # a fault, a deadlock, a failed build
+        print(f"tvm-rammer: error: {err}")
+        return 1
+    print(format_result(result))
+    return 0 if result["ok"] else 1

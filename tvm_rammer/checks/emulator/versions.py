@@ -45,6 +45,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+from ...driver.backend import register_version_checker
 from ...numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 from .errors import EmulatorError
 
@@ -279,3 +280,12 @@ class EmulatedValidator:
         for k, v in stats.items():
             self.stats[k] = round(self.stats.get(k, 0) + v, 3)
         return {job.key: self.records[job.key] for job in jobs}
+
+
+def _validator(target) -> EmulatedValidator:
+    """The back end's check of rKernel versions (``RammerConfig.emulate_versions``): looked up
+    here at each call, so that a script replacing :class:`EmulatedValidator` is heard."""
+    return EmulatedValidator(target)
+
+
+register_version_checker(_validator)
