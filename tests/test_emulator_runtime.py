@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tvm_rammer.codegen import cuda_helpers
-from tvm_rammer.checks.emulator.build import (EmulatorDeadlock, EmulatorError, build_module, kernel_names,
-                                       rewrite_source)
+from tvm_rammer.checks.emulator.build import (EmulatorDeadlock, EmulatorError, build_module,
+                                              kernel_names, rewrite_source)
 
 pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),
                                 reason="the emulator needs a C++ compiler")

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from tvm_rammer.checks.node_suite import (NOT_IMPORTED, OK, PROBLEMS, TIMEOUT, format_summary, node_cases,
-                                   run_cases, select, summarize)
+from tvm_rammer.checks.node_suite import (NOT_IMPORTED, OK, PROBLEMS, TIMEOUT, format_summary,
+                                          node_cases, run_cases, select, summarize)
 
 SAMPLE, SEED = 300, 0
 # one pattern per cause found on the whole suite (see the README's status section)

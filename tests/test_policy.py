@@ -6,7 +6,8 @@ import random
 import pytest
 
 from tvm_rammer.scheduling.cost_model import CostModelConfig, rtask_time_us
-from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, replace_cost, schedule, schedule_wave, select_rkernels
+from tvm_rammer.scheduling.policy import (OpGraph, PolicyConfig, replace_cost, schedule,
+                                          schedule_wave, select_rkernels)
 from tvm_rammer.abstractions.rtask import BarrierRTask, RKernel, ROperator, RTask
 from tvm_rammer.abstractions.vdevice import VDevice
 
