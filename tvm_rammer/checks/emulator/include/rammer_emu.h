@@ -1,5 +1,5 @@
 // rammer_emu.h: force-included (g++ -include) before TVM-generated CUDA source by
-// tvm_rammer/emulator/build.py. Makes the source compile as C++17 and run on the CPU under the
+// tvm_rammer/checks/emulator/build.py. Makes the source compile as C++17 and run on the CPU under the
 // emulator's execution model (rammer_emu_runtime.h); RAMMER_EMULATE is defined, so helpers of ours
 // (tvm_rammer/codegen/cuda_helpers.py) take their portable branch.
 #pragma once
@@ -15,4 +15,4 @@
 #include <type_traits>
 #include "rammer_emu_runtime.h"
 #include "rammer_emu_cuda.h"
-#include "rammer_emu_mma.h"  // tensor-core PTX that tvm_rammer/emulator/ptx.py translates into calls
+#include "rammer_emu_mma.h"  // tensor-core PTX that tvm_rammer/checks/emulator/ptx.py translates into calls

@@ -1,7 +1,7 @@
 // rammer_emu_mma.h: CPU emulation of the tensor-core PTX that TVM's CUDA code generator emits
 // (ldmatrix, mma.sync, cp.async and the few scalar instructions of its predicated helpers).
 //
-// tvm_rammer/emulator/ptx.py rewrites every inline-asm statement it knows into calls of the
+// tvm_rammer/checks/emulator/ptx.py rewrites every inline-asm statement it knows into calls of the
 // functions below (one `do { ... } while (0)` block per statement); anything else fails the build.
 //
 // Two layers:
