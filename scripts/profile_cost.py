@@ -105,7 +105,8 @@ config = configs[mode]
 device = None if mode in ("none", "built") else SimulatedDevice(target, int(workers))
 profiler = make_profiler(target, config, device)
 
-from tvm_rammer import backend, policy
+from tvm_rammer.driver import backend
+from tvm_rammer.scheduling import policy
 from tvm_rammer.tuning import profiler as profiler_mod
 PHASES = {}
 
