@@ -645,7 +645,7 @@ def test_gpu_tests_and_the_stress_run_compile_without_profiling_but_one():
     assert len(gpu) >= 5
     assert [name for name, profiled in gpu if profiled] == [
         "test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives"]
-    stress = _compile_calls(os.path.join(REPO, "tvm_rammer", "stress.py"))
+    stress = _compile_calls(os.path.join(REPO, "tvm_rammer", "checks", "stress.py"))
     assert stress and not any(profiled for _, profiled in stress)
 
 
