@@ -3,7 +3,7 @@
 Packages are found, not listed (``find_packages``): a new subpackage is in the wheel without
 touching this file. The version is read from ``tvm_rammer/version.py`` (its one source; importing
 ``tvm_rammer`` here would need TVM at build time). Package data: the shipped profile databases
-(``tvm_rammer/profiles/``) and every file under ``tvm_rammer/emulator/include/`` (the CPU
+(``tvm_rammer/profiles/``) and every file under ``tvm_rammer/checks/emulator/include/`` (the CPU
 emulator's C++ headers and runtime). ``tests/test_install.py`` builds the wheel, installs it into a
 fresh virtual environment and checks that every module and every other file of the packages is
 there (a data file added elsewhere fails it until it is listed here).
@@ -35,7 +35,7 @@ setup(
         "tqdm",
     ],
     # "**" needs setuptools >= 62.3 (pyproject.toml's build requirement)
-    package_data={"tvm_rammer": ["profiles/*", "emulator/include/**/*"]},
+    package_data={"tvm_rammer": ["profiles/*", "checks/emulator/include/**/*"]},
     extras_require={
         # the tutorials run as notebooks in a Jupyter kernel (tests/test_tutorials.py)
         "test": ["pytest", "onnxruntime", "matplotlib", "nbclient", "nbformat", "ipykernel"],

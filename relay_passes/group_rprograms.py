@@ -2,7 +2,7 @@
 
 Input: a Relax module whose ``main`` is one dataflow block, and the rPrograms to emit
 (:class:`RProgramCall`: which bindings, the persistent PrimFunc, its arguments and outputs), as the
-back end (``tvm_rammer.backend``) decided them. Output: the same module with the persistent PrimFuncs
+back end (``tvm_rammer.driver.backend``) decided them. Output: the same module with the persistent PrimFuncs
 added and, in ``main``, every rProgram's bindings replaced by one ``call_tir`` whose outputs take
 over the tensors read outside the rProgram; other bindings are kept unchanged; dead code removed.
 

@@ -10,7 +10,7 @@
 Each model is compiled in a fresh Python process, one model at a time (side-by-side jobs would
 distort each other's times): the ONNX model is imported, then lowered by the rammer pipeline
 (``RammerConfig(profile=False)``: nothing measured, no database read, as on a machine without a GPU)
-under the phase timer of ``--timings`` (``tvm_rammer.timings.PipelineProgress``), then by TVM's
+under the phase timer of ``--timings`` (``tvm_rammer.driver.timings.PipelineProgress``), then by TVM's
 default CUDA pipeline: the Relax pipelines (what ``tvm-rammer inspect`` runs). With ``--build``,
 each lowered module is then built as ``tvm.compile`` builds it (TIR lowering, CUDA and host code
 generation): the "with build" columns are what a user waits for in ``tvm.compile`` on a machine
@@ -46,11 +46,11 @@ _CHILD = r"""
 import json, sys, time
 import tvm
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import lower_default
-from tvm_rammer.launches import count_launches
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.views.inspection import lower_default
+from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.models import get_model
-from tvm_rammer.timings import PipelineProgress
+from tvm_rammer.driver.timings import PipelineProgress
 
 name, target, build, nvcc = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
 options = json.loads(sys.argv[5])  # RammerConfig fields besides profile=False
@@ -95,7 +95,7 @@ row = {"model": name, "import_s": round(import_s, 2), "rammer_s": round(rammer_s
        "phases": [[n, round(s, 2)] for n, s in steps],
        "check_unmeasured": config.check_unmeasured, "rkernel_functions": config.rkernel_functions}
 if build:  # what tvm.compile adds: TIR lowering, CUDA and host codegen (no CUDA compile without a GPU)
-    from tvm_rammer.runner import resolve_target
+    from tvm_rammer.run.runner import resolve_target
     from tvm_rammer.target import plain_target
     rammer = resolve_target(target)
     for key, lowered, tgt in (("rammer_build_s", ours, rammer), ("default_build_s", theirs,

@@ -18,7 +18,7 @@ import json
 import time
 
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 
 CONFIGS = {

@@ -19,7 +19,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from exported_cnns import FULL, REDUCED_CNN, export, mirror, torch_model  # noqa: E402
 
-from tvm_rammer.inspection import inspect_model  # noqa: E402
+from tvm_rammer.views.inspection import inspect_model  # noqa: E402
 
 
 def main(argv=None) -> int:

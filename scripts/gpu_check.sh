@@ -89,7 +89,7 @@ PY
 
 device_slug() {
   [ -n "${GPU_CHECK_DRY:-}" ] && { echo dry; return; }
-  python3 -c "import re; from tvm_rammer.gpu import local_gpu; \
+  python3 -c "import re; from tvm_rammer.host.gpu import local_gpu; \
 print(re.sub(r'[^a-z0-9]+', '-', local_gpu().id.name.lower()).strip('-'))"
 }
 
@@ -171,7 +171,7 @@ stage_body() {
 import json, sys
 import tvm
 from tvm_rammer.benchmarks.floor import l2_read_rate
-from tvm_rammer.cost_model import CostModelConfig
+from tvm_rammer.scheduling.cost_model import CostModelConfig
 rate = l2_read_rate(tvm.cuda(0))
 json.dump({"l2_bytes_per_s": rate, "assumed": CostModelConfig().l2_bw_gbps * 1e9},
           open(sys.argv[1], "w"))
@@ -189,14 +189,14 @@ PY
       local exe; exe=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
       local rc=0 tool
       for tool in memcheck racecheck synccheck; do
-        run "$exe" --tool "$tool" --error-exitcode 99 python3 -m tvm_rammer.stress run-model "$m" \
+        run "$exe" --tool "$tool" --error-exitcode 99 python3 -m tvm_rammer.checks.stress run-model "$m" \
           > "$dir/$tool.log" 2>&1 || rc=$?
       done
       return $rc ;;
     stress-runs)
-      py -m tvm_rammer.stress --out "$dir" --parts back_to_back,threads > "$dir/stress.log" 2>&1 ;;
+      py -m tvm_rammer.checks.stress --out "$dir" --parts back_to_back,threads > "$dir/stress.log" 2>&1 ;;
     stress-fuzz)
-      py -m tvm_rammer.stress --out "$dir" --parts fuzz --graphs "${FUZZ_GRAPHS:-150}" \
+      py -m tvm_rammer.checks.stress --out "$dir" --parts fuzz --graphs "${FUZZ_GRAPHS:-150}" \
         > "$dir/stress.log" 2>&1 ;;
     *) echo "gpu_check: no stage $stage" >&2; return 2 ;;
   esac
@@ -232,7 +232,7 @@ if [ "$cmd" = "--stress" ]; then  # the whole stress run at once (hours; no stag
   out="${2:-${OUT:-out}}"; mkdir -p "$out"
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
   # shellcheck disable=SC2086
-  python3 -m tvm_rammer.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
+  python3 -m tvm_rammer.checks.stress --out "$out" ${STRESS_ARGS:-} 2>&1 | tee "$out/stress.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ -z "$cmd" ] || [ "$cmd" = "-h" ] || [ "$cmd" = "--help" ]; then

@@ -55,10 +55,10 @@ MODELS = ("resnext29", "nasnet_cifar", "alexnet", "deepspeech2", "lstm_tc", "seq
 _CHILD = r"""
 import hashlib, json, logging, sys, time
 logging.getLogger("tvm_rammer").setLevel(logging.ERROR)
-from tvm_rammer.backend import make_profiler
+from tvm_rammer.driver.backend import make_profiler
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import resolve_target
 from tvm_rammer.tuning import measure
@@ -105,7 +105,8 @@ config = configs[mode]
 device = None if mode in ("none", "built") else SimulatedDevice(target, int(workers))
 profiler = make_profiler(target, config, device)
 
-from tvm_rammer import backend, policy
+from tvm_rammer.driver import backend
+from tvm_rammer.scheduling import policy
 from tvm_rammer.tuning import profiler as profiler_mod
 PHASES = {}
 

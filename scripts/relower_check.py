@@ -28,12 +28,12 @@ from tvm.tirx import compilation_pipeline
 from tir_templates.cuda_resources import compile_cuda_sass, sass_opcodes
 from tvm_rammer.codegen import tir_pipeline
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.gpu import gpu_available
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.host.gpu import gpu_available
 from tvm_rammer.models import MODELS, REDUCED, get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.resources import module_cuda_source
-from tvm_rammer.runner import execute, random_inputs, resolve_target
+from tvm_rammer.codegen.resources import module_cuda_source
+from tvm_rammer.run.runner import execute, random_inputs, resolve_target
 from tvm_rammer.target import plain_target, target_arch
 
 TVM_PIPELINE = "rammer_check_tvm"  # TVM's s_tir pipeline (SKIPPED left out: the same TIR)

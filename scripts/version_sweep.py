@@ -21,7 +21,7 @@ What this check is, and is not: it runs the *TIR* of each schedule on the CPU, n
 generate. It sees what a schedule computes (its loop nests, the regions of its caches and
 write-backs, padding and predicates), the defect class of ``spatial_t128x4`` on a 7x7 plane. It
 cannot see races, barriers, warp shuffles, the prelowered rTask rewrite, the persistent kernel's
-coarsening loop, or nvcc: those are the CUDA emulator's (``tvm_rammer/emulator/``, issue 23), which
+coarsening loop, or nvcc: those are the CUDA emulator's (``tvm_rammer/checks/emulator/``, issue 23), which
 runs the generated CUDA and complements this. In particular:
 
 - coarsened variants (``rkernels.coarsenings``: several thread blocks of one version per rTask) run
@@ -63,11 +63,11 @@ from tir_templates.serial_run import run_on_cpu, serial_threads, stores_past_the
 from tir_templates.templates import template_schedules  # noqa: E402
 from tvm_rammer.benchmarks.harness import git_commit  # noqa: E402
 from tvm_rammer.config import RammerConfig  # noqa: E402
-from tvm_rammer.frontend import import_onnx  # noqa: E402
+from tvm_rammer.driver.frontend import import_onnx  # noqa: E402
 from tvm_rammer.models import MODELS, REDUCED, get_model  # noqa: E402
 from tvm_rammer.numerics import KERNEL_TOLERANCE, relative_error, seeded_array  # noqa: E402
-from tvm_rammer.pipeline import rammer_passes  # noqa: E402
-from tvm_rammer.rkernels import coarsenings  # noqa: E402
+from tvm_rammer.driver.pipeline import rammer_passes  # noqa: E402
+from tvm_rammer.scheduling.rkernels import coarsenings  # noqa: E402
 from tvm_rammer.target import rammer_target, rkernel_target  # noqa: E402
 from tvm_rammer.tuning.versions import (VersionOptions, dlight_schedules, func_key,  # noqa: E402
                                         kernel_versions, unscheduled_funcs)

@@ -18,7 +18,7 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tvm_rammer_test_cache_")
 os.environ.pop("TVM_RAMMER_BINARY_CACHE", None)  # the caches are the session's, under it
 
 
-from tvm_rammer.gpu import gpu_available  # noqa: E402  (after the path set-up above)
+from tvm_rammer.host.gpu import gpu_available  # noqa: E402  (after the path set-up above)
 
 GPU = gpu_available()
 NVCC = shutil.which("nvcc") is not None

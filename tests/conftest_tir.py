@@ -7,7 +7,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from tir_templates.serial_run import serial_threads  # noqa: F401  (the tests' import)
-from tvm_rammer import resources
+from tvm_rammer.codegen import resources
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 MAX_THREADS = 1024

@@ -1,6 +1,6 @@
 """A fake ``MeasureDevice`` for CPU tests: kernel and rProgram times from rules, calls counted, and
 (with a fake ``clock``) builds and runs that take time, within the profiler's budget."""
-from tvm_rammer.gpu import DeviceId
+from tvm_rammer.host.gpu import DeviceId
 from tvm_rammer.tuning.measure import BudgetSpent
 
 

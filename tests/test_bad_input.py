@@ -97,7 +97,7 @@ def _one_error_line(err: str) -> str:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """``run`` and ``tune`` past their GPU check: the model must fail before any device is used."""
-    monkeypatch.setattr("tvm_rammer.runner.gpu_available", lambda: True)
+    monkeypatch.setattr("tvm_rammer.run.runner.gpu_available", lambda: True)
     monkeypatch.setattr("tvm_rammer.tuning.tune.local_gpu", lambda: object())
     monkeypatch.setattr("tvm_rammer.host.preflight.check", lambda *_a, **_k: [])
 

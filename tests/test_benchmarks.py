@@ -17,7 +17,7 @@ from tvm_rammer.benchmarks.output import add_derived, format_table, write_chart,
 from tvm_rammer.benchmarks.progress import Progress
 from tvm_rammer.benchmarks.systems import SYSTEMS, tvm_systems
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
+from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.models import get_model
 
 def _matmul_model(m, k, n):
@@ -147,7 +147,7 @@ def cpu_run(tmp_path_factory):
 
 
 def test_cli_bench_on_cpu_compiles_counts_and_says_timing_needs_a_gpu(cpu_run):
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("the CPU-only message is printed only without a GPU")

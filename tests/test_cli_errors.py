@@ -8,7 +8,8 @@ import logging
 import onnx
 import pytest
 
-from tvm_rammer import cli, frontend
+from tvm_rammer import cli
+from tvm_rammer.driver import frontend
 from tvm_rammer.cli import build_parser, main
 from tvm_rammer.config import MAX_SMS, MAX_VEUS_PER_SM, RammerConfig
 from tvm_rammer.models import MODELS

@@ -3,12 +3,12 @@ import pytest
 
 import tvm_rammer
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.report import rprogram_reports
-from tvm_rammer.resources import cuda_source
-from tvm_rammer.rkernels import MAX_BLOCKS_PER_RTASK, MIN_COARSE_RTASKS, coarsenings
-from tvm_rammer.rtask import RKernel
+from tvm_rammer.driver.report import rprogram_reports
+from tvm_rammer.codegen.resources import cuda_source
+from tvm_rammer.scheduling.rkernels import MAX_BLOCKS_PER_RTASK, MIN_COARSE_RTASKS, coarsenings
+from tvm_rammer.abstractions.rtask import RKernel
 
 TARGET = "rammer/nvidia-h100"
 

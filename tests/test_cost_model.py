@@ -5,8 +5,8 @@ import pytest
 from tvm import relax, te
 
 from relay_passes.dataflow_graph import DataflowGraph
-from tvm_rammer.cost_model import CostModelConfig, rtask_time_us
-from tvm_rammer.rkernels import flops_and_bytes, param_bytes, resident_inputs
+from tvm_rammer.scheduling.cost_model import CostModelConfig, rtask_time_us
+from tvm_rammer.scheduling.rkernels import flops_and_bytes, param_bytes, resident_inputs
 
 
 def prim(*tensors):
@@ -107,8 +107,8 @@ def test_the_l2_figure_can_be_set_per_compilation():
     """RammerConfig(l2_bw_gbps=...) (a measured figure, or several to compare) reaches the cost
     model; None keeps the model's own."""
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.rkernels import cost_config
-    from tvm_rammer.vdevice import VDevice
+    from tvm_rammer.scheduling.rkernels import cost_config
+    from tvm_rammer.abstractions.vdevice import VDevice
 
     vdevice = VDevice.for_arch("sm_90a")
     assert cost_config(RammerConfig(), vdevice).l2_bw_gbps == CostModelConfig().l2_bw_gbps

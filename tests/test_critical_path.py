@@ -2,9 +2,9 @@
 import pytest
 
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.critical_path import (critical_path, last_chain, rounds_us,
+from tvm_rammer.scheduling.critical_path import (critical_path, last_chain, rounds_us,
                                       rprogram_critical_paths)
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 
 TARGET = "rammer/nvidia-h100"
@@ -54,7 +54,7 @@ def test_the_policys_timeline_splits_exactly_along_its_last_chain():
     """On random DAGs the wavefront policy's finish times decompose with no remainder: every
     operator of the chain waited >= 0 and the chain ends when the rProgram's timeline ends."""
     from test_policy import random_case
-    from tvm_rammer.policy import schedule
+    from tvm_rammer.scheduling.policy import schedule
 
     for seed in range(20):
         graph, vdevice, config = random_case(seed)

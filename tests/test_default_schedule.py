@@ -79,8 +79,8 @@ def test_a_model_whose_capped_dlight_rule_raises_compiles_with_no_more_launches_
     with the reason noted, and the model compiles with no more launches than TVM's default."""
     from relay_passes.branch_fusion import BranchPreservingFusion
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.views.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.target import resolve_target, rkernel_target
 

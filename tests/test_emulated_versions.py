@@ -1,4 +1,4 @@
-"""rKernel versions validated on the CPU emulator (issue 23 item 4; ``tvm_rammer.emulator.versions``,
+"""rKernel versions validated on the CPU emulator (issue 23 item 4; ``tvm_rammer.checks.emulator.versions``,
 ``RammerConfig.emulate_versions``, ``tvm-rammer inspect --emulate``).
 
 Reduced AlexNet: every version of every placeable operator is checked against TVM's default kernel on
@@ -22,8 +22,8 @@ from test_version_sweep import write_back_under_thread_loop
 from tir_templates.default_schedule import schedule_like_default
 from tir_templates.templates import Template, schedule_spatial
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.emulator.versions import check_versions
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.checks.emulator.versions import check_versions
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import plain_target, resolve_target
 from tvm_rammer.tuning import versions as versions_module
@@ -66,7 +66,7 @@ def test_the_pre_fix_spatial_write_back_is_invalid_and_the_fixed_one_valid():
 
 
 def test_no_cpp_compiler_is_one_clear_error(monkeypatch):
-    from tvm_rammer.emulator import build
+    from tvm_rammer.checks.emulator import build
 
     func, reference = _pool_jobs()
     monkeypatch.setattr(build.shutil, "which", lambda _name: None)
@@ -201,7 +201,7 @@ def test_a_compile_drops_a_version_that_is_wrong_on_the_emulator(monkeypatch):
 
 
 def test_a_wrong_pipeline_version_leaves_the_operator_tvms_default_kernel(monkeypatch):
-    from tvm_rammer import backend
+    from tvm_rammer.driver import backend
 
     original = backend.kernel_versions
 
@@ -249,7 +249,7 @@ def test_cli_inspect_emulate_json_lists_versions_checked(tmp_path):
 def test_a_function_the_emulator_cannot_build_costs_its_own_record_only(monkeypatch):
     """A joint build whose error names one function is tried again without it (one more build,
     not one per function); that version is 'not checkable' (valid None, the error), never valid."""
-    from tvm_rammer.emulator import versions as emulated
+    from tvm_rammer.checks.emulator import versions as emulated
 
     func, reference = _pool_jobs((1, 12, 16, 16))
     real = emulated._build

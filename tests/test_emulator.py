@@ -17,11 +17,12 @@ import pytest
 import tvm
 import tvm_ffi
 
-from tvm_rammer import RammerConfig, faults
+from tvm_rammer import RammerConfig
+from tvm_rammer.codegen import faults
 from tvm_rammer.codegen.persistent import waiting_barriers
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
@@ -40,7 +41,7 @@ VDEVICE = {"lstm_tc": None, "squeezenet": None,
 
 
 def _emulator():
-    from tvm_rammer import emulator
+    from tvm_rammer.checks import emulator
     return emulator
 
 
@@ -70,7 +71,7 @@ def branches_build(branches):
 # --- compile-for-emulation ------------------------------------------------------------------------
 
 def test_emulation_build_generates_what_tvm_compile_does():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.target import plain_target, resolve_target
 
     proto = get_model("lstm_tc", **REDUCED["lstm_tc"])
@@ -193,7 +194,7 @@ SMALL = ["--num-sms", "2", "--veus-per-sm", "1"]
 
 
 def test_relax_module_input_and_a_random_block_order():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
 
     proto = get_model("branches", n=2)
     x = random_inputs(proto, 1)["input"]
@@ -223,7 +224,7 @@ def test_cli_run_emulate_json(branches2_path, capsys):
 def test_cli_run_emulate_reports_a_mismatch(branches2_path, capsys, monkeypatch):
     """Negative control of the check: a reference the outputs do not match exits 1, says so."""
     from tvm_rammer.cli import main
-    from tvm_rammer.emulator import run as emulated
+    from tvm_rammer.checks.emulator import run as emulated
 
     real = emulated.onnx_reference
     monkeypatch.setattr(emulated, "onnx_reference",
@@ -245,7 +246,7 @@ def test_symbolic_shapes_are_refused_with_the_fix():
 
 
 def test_no_cxx_compiler_is_said_before_anything_is_compiled(tmp_path, monkeypatch):
-    from tvm_rammer.emulator.errors import EmulatorError
+    from tvm_rammer.checks.emulator.errors import EmulatorError
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
     monkeypatch.delenv("CXX", raising=False)
@@ -258,7 +259,7 @@ def test_the_grid_barrier_words_of_the_page_serve_run_after_run(branches_build):
     in the module's fault page, through the Relax constant the VM owns: after each run the count is
     0 and the generation one higher, and the outputs stay right."""
     from tvm_rammer.codegen import cuda_helpers
-    from tvm_rammer.emulator.interpret import Interpreter
+    from tvm_rammer.checks.emulator.interpret import Interpreter
 
     build = branches_build
     run = Interpreter(build, build.emulated())
@@ -299,7 +300,7 @@ def reverse_order_run(build, waits: bool) -> tuple:
     """(an ``Interpreter`` over ``build`` in reverse block order, how many barrier-rTasks it had
     made wait for nothing): with ``waits`` False every program table's waits are removed, the
     negative control of the tests that check the barriers order the rTasks."""
-    from tvm_rammer.emulator.interpret import Interpreter
+    from tvm_rammer.checks.emulator.interpret import Interpreter
 
     run = Interpreter(build, build.emulated(), order="reverse")
     removed = 0

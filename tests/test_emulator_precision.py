@@ -13,7 +13,7 @@ import pytest
 
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import MODEL_TOLERANCES, model_tolerance
-from tvm_rammer.runner import model_tolerance_of
+from tvm_rammer.run.runner import model_tolerance_of
 
 SMALL = ["--num-sms", "2", "--veus-per-sm", "1"]
 needs_cxx = pytest.mark.skipif(
@@ -59,7 +59,7 @@ def test_float16_model_passes_at_float16_tolerance(branches2_path, capsys):
 def test_float16_real_mismatch_is_still_reported(branches2_path, capsys, monkeypatch):
     """Negative control: outputs 10% off the reference fail float16's bound too."""
     from tvm_rammer.cli import main
-    from tvm_rammer.emulator import run as emulated
+    from tvm_rammer.checks.emulator import run as emulated
 
     real = emulated.onnx_reference
     monkeypatch.setattr(emulated, "onnx_reference",

@@ -1,4 +1,4 @@
-"""The emulator's tensor-core PTX (``tvm_rammer/emulator/ptx.py`` + ``include/rammer_emu_mma.h``).
+"""The emulator's tensor-core PTX (``tvm_rammer/checks/emulator/ptx.py`` + ``include/rammer_emu_mma.h``).
 
 * Fragment math against numpy: the header's whole-warp ``mma_exec`` / ``ldmatrix_exec`` (built
   with g++ into a small shared library) on fragments laid out here from the PTX ISA's tables
@@ -8,7 +8,7 @@
   wrong row address each make the comparison fail.
 * ``translate``: every asm statement it knows becomes emulation calls, unknown PTX raises
   EmulatorError quoting the statement, preprocessor regions known to be inactive are left alone.
-* Through the runtime (``tvm_rammer.emulator.build.build_module`` + ``launch``): hand-written
+* Through the runtime (``tvm_rammer.checks.emulator.build.build_module`` + ``launch``): hand-written
   kernels with TVM's exact asm text (ldmatrix + mma per warp, cp.async with zero fill and
   commit/wait groups; a kernel reading before its wait sees the old contents) and one fp16
   tensor-core rKernel version of ``tir_templates/mma_templates.py`` built by TVM against numpy.
@@ -21,8 +21,8 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_rammer.emulator import ptx
-from tvm_rammer.emulator.errors import EmulatorError
+from tvm_rammer.checks.emulator import ptx
+from tvm_rammer.checks.emulator.errors import EmulatorError
 
 INCLUDE = os.path.join(os.path.dirname(ptx.__file__), "include")
 F32, F16, BF16 = 0, 1, 2
@@ -598,7 +598,7 @@ extern "C" __global__ void __launch_bounds__(64) ldg32(float* __restrict__ x, fl
 
 @pytest.fixture(scope="module")
 def kernels():
-    from tvm_rammer.emulator.build import build_module
+    from tvm_rammer.checks.emulator.build import build_module
     return build_module(MMA_KERNELS + ASYNC_KERNEL + SCALAR_KERNEL)
 
 
@@ -676,7 +676,7 @@ def _tensor_core_kernel(name, config, asynchronous=False):
     from test_tensor_cores import _wrapper, fused16
     from tir_templates.mma_templates import schedule_gemm_mma
     from tir_templates.prelower import prelower
-    from tvm_rammer.resources import module_cuda_source
+    from tvm_rammer.codegen.resources import module_cuda_source
 
     func = fused16(name)
     scheduled = schedule_gemm_mma(func, *config)
@@ -693,7 +693,7 @@ def _run_tensor_core_kernel(source, kernel, func, seed=0):
     """(emulated output, numpy reference) of relu(f16(A @ B) + bias) -> float32."""
     import re
 
-    from tvm_rammer.emulator.build import build_module
+    from tvm_rammer.checks.emulator.build import build_module
     module = build_module(source)
     signature = re.search(r"v_kernel\(([^)]*)\)", source).group(1)
     # the wrapper names parameter i "<name>_<i>"; TVM orders the kernel's parameters its own way

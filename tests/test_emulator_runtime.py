@@ -1,4 +1,4 @@
-"""The CPU emulator's runtime (tvm_rammer/emulator/build.py + include/): hand-written CUDA snippets built
+"""The CPU emulator's runtime (tvm_rammer/checks/emulator/build.py + include/): hand-written CUDA snippets built
 with build_module and launched, each checked against numpy; our own persistent-kernel helpers
 (codegen/cuda_helpers.py) in a cooperative two-block handshake, their timeout producing the fault
 record; negative controls (a named barrier with a wrong count deadlocks with a report naming it,
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tvm_rammer.codegen import cuda_helpers
-from tvm_rammer.emulator.build import (EmulatorDeadlock, EmulatorError, build_module, kernel_names,
-                                       rewrite_source)
+from tvm_rammer.checks.emulator.build import (EmulatorDeadlock, EmulatorError, build_module,
+                                              kernel_names, rewrite_source)
 
 pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),
                                 reason="the emulator needs a C++ compiler")
@@ -339,7 +339,7 @@ def test_our_grid_barrier_gives_up_with_a_fault_when_a_veu_never_arrives(grid):
     the time limit (the emulator's virtual clock) every waiting vEU gives up: the call returns 1 to
     all its threads (they skip their instructions), the error word stops the others at their next
     barrier-rTask, the page records fault 2 with the kernel id, and the kernel ends."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
 
     page = np.zeros(cuda_helpers.PAGE_WORDS, np.int32)
     state, seen, stopped = _grid_run(grid, page, 7, timeout_ns=100 * 10 ** 9)

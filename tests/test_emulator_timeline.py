@@ -2,7 +2,7 @@
 
 The emulator's ``%globaltimer`` is a virtual clock: +ROUND_NS per scheduling round and +1 ns per
 read, so every read is later than the one before and an rTask's recorded end is after its start.
-The buffers are decoded with ``tvm_rammer.timeline.decode_all`` as ``tvm-rammer run --timeline``
+The buffers are decoded with ``tvm_rammer.scheduling.timeline.decode_all`` as ``tvm-rammer run --timeline``
 does on a GPU: one record per rTask, and every rTask starts after every rTask of the operators
 producing its inputs (``schedule["ops"][op]["preds"]``, in the same rProgram) ended. Negative
 control: with the barrier waits removed from the program table, some rTask starts before a producer
@@ -20,7 +20,7 @@ from test_emulator import reverse_order_run
 from tvm_rammer import RammerConfig
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
@@ -33,8 +33,9 @@ def _instrumented(proto, config):
     """(EmulationBuild of the lowered instrumented module, schedules, timeline kernel names)."""
     from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
 
-    from tvm_rammer import emulator, timeline
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.checks import emulator
+    from tvm_rammer.scheduling import timeline
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.target import resolve_target
 
     target = resolve_target("rammer/nvidia-h100")
@@ -79,7 +80,7 @@ def lstm():
 
 
 def test_emulated_timeline_one_record_per_rtask_after_its_producers(lstm):
-    from tvm_rammer import timeline
+    from tvm_rammer.scheduling import timeline
 
     proto, build, schedules, names = lstm
     assert schedules and sorted(names) == sorted(s["kernel"] for s in schedules)
@@ -104,7 +105,7 @@ def test_emulated_timeline_one_record_per_rtask_after_its_producers(lstm):
 
 def test_emulated_timeline_without_waits_starts_before_a_producer(lstm):
     """Negative control: waits removed from the table, the decoded timeline shows it."""
-    from tvm_rammer import timeline
+    from tvm_rammer.scheduling import timeline
 
     proto, build, schedules, names = lstm
     _, buffers = _run(build, proto, names, waits=False)

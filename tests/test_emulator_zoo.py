@@ -16,7 +16,7 @@ import pytest
 from tvm_rammer import RammerConfig
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import model_tolerance_of, onnx_reference, random_inputs
+from tvm_rammer.run.runner import model_tolerance_of, onnx_reference, random_inputs
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
@@ -29,7 +29,7 @@ FLOAT16 = ("resnext29", "alexnet")
 
 
 def _emulated_error(name, proto, config):
-    from tvm_rammer import emulator
+    from tvm_rammer.checks import emulator
 
     feeds = random_inputs(proto, 0)
     result = emulator.emulate(proto, feeds, config=config)

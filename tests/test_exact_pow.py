@@ -19,7 +19,7 @@ import tvm_rammer
 from tir_templates.exact_pow import MAX_MULTIPLIED, ExactPowers
 from tir_templates.serial_run import run_on_cpu
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 from onnx_builders import SMALL_REDUCTIONS
 
@@ -100,7 +100,7 @@ extern "C" __global__ void powers(const float* __restrict__ x, const float* __re
 def test_the_emulators_powf_is_the_gpus_fast_math_powf():
     """2^(y log2 x): NaN for a negative base even with an integer exponent, as nvcc's
     ``lg2.approx``/``ex2.approx`` code for ``powf`` under --use_fast_math gives on the GPU."""
-    from tvm_rammer.emulator.build import build_module
+    from tvm_rammer.checks.emulator.build import build_module
 
     module = build_module(FAST_MATH)
     x = np.array([-3.0, -1.0, 0.0, 0.0, 2.0, 4.0, 0.5, 9.0], np.float32)
@@ -115,7 +115,7 @@ def test_the_emulators_powf_is_the_gpus_fast_math_powf():
 # --- the models of tests/test_gpu.py's small-reduction test, through the emulator ---------------
 
 def _emulated_error(name, pipeline="rammer"):
-    from tvm_rammer import emulator
+    from tvm_rammer.checks import emulator
 
     model = SMALL_REDUCTIONS[name]()
     target = tvm_rammer.rammer_target(TARGET)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import tvm_rammer.codegen.tensors as tensors_mod
-from tvm_rammer import executor
+from tvm_rammer.codegen import executor
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.executor import TableError, Task, Wait, check, decode_table, manifests
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.codegen.executor import TableError, Task, Wait, check, decode_table, manifests
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.models import REDUCED, get_model
 
 from onnx_builders import random_dag

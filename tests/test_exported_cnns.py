@@ -12,9 +12,9 @@ import pytest
 import tvm
 
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
-from tvm_rammer.inspection import inspect_model
-from tvm_rammer.pipeline import inference_passes
+from tvm_rammer.driver.frontend import import_onnx
+from tvm_rammer.views.inspection import inspect_model
+from tvm_rammer.driver.pipeline import inference_passes
 
 from exported_cnns import OPSETS, REDUCED_CNN, export, mirror, torch_model
 from onnx_builders import run_onnxruntime, run_tvm_cpu

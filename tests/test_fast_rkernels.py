@@ -212,7 +212,7 @@ def test_fast_versions_build_for_sm90a_without_spills(name):
 
 def model_operators(name, config=RammerConfig(), **overrides):
     """{PrimFunc name: unscheduled PrimFunc} of every conv2d / matmul of a zoo model (reduced)."""
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
     from tir_templates.conv_templates import depthwise_axes
     from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
@@ -284,7 +284,7 @@ def test_every_fast_version_matches_the_operator_on_the_emulator():
     """The GPU test above without a GPU: every fast version of every operator runs on the CPU
     emulator against TVM's default kernel for the operator (one joint g++ build), none unchecked."""
     from tir_templates.default_schedule import schedule_like_default
-    from tvm_rammer.emulator.versions import check_versions
+    from tvm_rammer.checks.emulator.versions import check_versions
     from tvm_rammer.target import plain_target, resolve_target
     from tvm_rammer.tuning.measure import KernelJob
     from tvm_rammer.tuning.versions import func_key

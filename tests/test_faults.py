@@ -6,13 +6,13 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_rammer import faults
+from tvm_rammer.codegen import faults
 from tvm_rammer.codegen import cuda_helpers
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.executor import Wait, check, decode_table, manifests
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.codegen.executor import Wait, check, decode_table, manifests
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.resources import cuda_source
+from tvm_rammer.codegen.resources import cuda_source
 from tvm_rammer.target import rammer_target
 
 TARGET = "rammer/nvidia-h100"

@@ -94,10 +94,10 @@ def test_the_faster_default_pipeline_builds_tvms_kernels_and_launches(name):
     numpy pre-fold and memoised legalization: the same kernels called the same number of times."""
     import tvm_ffi
 
-    from tvm_rammer.frontend import import_onnx
-    from tvm_rammer.launches import count_launches
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.launches import count_launches
     from tvm_rammer.models import REDUCED, get_model
-    from tvm_rammer.pipeline import default_passes
+    from tvm_rammer.driver.pipeline import default_passes
     from tvm_rammer.target import plain_target, rammer_target
 
     mod = import_onnx(get_model(name, **REDUCED[name]))

@@ -5,7 +5,7 @@ import os
 import onnx
 import pytest
 
-from tvm_rammer import fuzz
+from tvm_rammer.checks import fuzz
 from tvm_rammer.cli import main as cli_main
 
 GRAPHS, SEED = 200, 0
@@ -79,7 +79,7 @@ def test_cli_prints_the_count_line(capsys, tmp_path):
 
 
 def test_gpu_flag_without_a_gpu_is_a_clear_error(capsys):
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present")
@@ -88,8 +88,8 @@ def test_gpu_flag_without_a_gpu_is_a_clear_error(capsys):
 
 
 def test_the_stress_run_says_plainly_when_there_is_no_gpu(capsys):
-    from tvm_rammer import stress
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.checks import stress
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present: scripts/gpu_check.sh --stress runs it")

@@ -9,7 +9,7 @@ import shutil
 import onnx
 import pytest
 
-from tvm_rammer import fuzz
+from tvm_rammer.checks import fuzz
 from tvm_rammer.cli import main as cli_main
 
 pytestmark = pytest.mark.skipif(
@@ -39,7 +39,7 @@ def test_a_hundred_fuzz_graphs_run_on_the_emulator(tmp_path):
 
 def test_a_wrong_result_is_a_failure(monkeypatch):
     """Negative control of the emulated check (in this process: the reference shifted by 1)."""
-    from tvm_rammer import runner
+    from tvm_rammer.run import runner
 
     real = runner.onnx_reference
     monkeypatch.setattr(runner, "onnx_reference",

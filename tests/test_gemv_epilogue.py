@@ -284,9 +284,9 @@ def test_the_rule_leaves_other_functions_to_dlight():
 def test_pipeline_schedules_the_cells_with_the_rule():
     """In the rammer pipeline the fused cells carry the rule's name (``inspect`` reports it as
     their version); nothing else does."""
-    from tvm_rammer import pipeline
+    from tvm_rammer.driver import pipeline
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
 
     target = tvm.target.Target("rammer/nvidia-h100")
     mod = import_onnx(get_model("lstm_tc", **REDUCED["lstm_tc"]))
@@ -350,7 +350,7 @@ def test_cell_tiling_takes_whole_warps_within_the_cap():
 def test_a_cell_that_does_not_tile_stays_two_operators_in_one_rprogram():
     """Hidden 6: no whole-warp tiling, so no fusion; the model is still one rProgram (fusing
     would have left the cells ordinary kernels between rPrograms)."""
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
 
     model = get_model("lstm_tc", seq_len=4, input_size=5, hidden=6, layers=2)
     assert not fused_cells(rewritten(model))

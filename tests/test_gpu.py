@@ -13,7 +13,7 @@ from tvm import relax
 import tvm_rammer
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 from onnx_builders import SMALL_REDUCTIONS, diamond, parallel_branches, random_dag, two_branch
 
@@ -129,7 +129,7 @@ def test_two_threads_running_one_module_stay_correct():
 
 def test_too_many_veus_fail_with_a_clear_error():
     from tvm_rammer.config import MAX_SMS, RammerConfig
-    from tvm_rammer.runner import execute
+    from tvm_rammer.run.runner import execute
 
     model = get_model("branches", n=64)
     # claim up to ten times the SMs the GPU has (RammerConfig allows MAX_SMS, 7.8x an H100's 132):
@@ -163,7 +163,7 @@ def test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives
     correct model afterwards (no __trap). The one profiled compile of this file: the injected
     fault is in the emitted table only, never in the one the profiler times (issue 21, defect 4),
     so the rProgram is kept whatever ran before."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
     from tvm_rammer.config import RammerConfig
 
     model = get_model("branches", n=16)

@@ -178,11 +178,11 @@ def test_a_cut_tar_keeps_its_complete_members(tmp_path):
 
 def _schedule():
     """Paper Figure 9 (tests/test_timeline.py's): three operators on two vEUs."""
-    from tvm_rammer import timeline
+    from tvm_rammer.scheduling import timeline
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.policy import OpGraph, RProgramPlan
-    from tvm_rammer.rprogram import RProgram
-    from tvm_rammer.rtask import RKernel, ROperator, RTask
+    from tvm_rammer.scheduling.policy import OpGraph, RProgramPlan
+    from tvm_rammer.abstractions.rprogram import RProgram
+    from tvm_rammer.abstractions.rtask import RKernel, ROperator, RTask
 
     def op(uid, rtasks, time_us, name):
         return ROperator(uid, name, [RKernel(f"{name}:v1#abcd", rtasks, 128, 32, 0, time_us,
@@ -208,7 +208,7 @@ def _schedule():
 def _measured_buffer(schedule, slow=2.0):
     """The buffer an instrumented run would write if every instruction took ``slow`` x its
     predicted time."""
-    from tvm_rammer import timeline
+    from tvm_rammer.scheduling import timeline
     (t,) = timeline.predict_all([schedule])
     by_pos = {(s.veu, s.order): s for s in t.slices}
     words = []

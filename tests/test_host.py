@@ -98,7 +98,7 @@ def test_doctor_json_is_one_object_with_statuses(capsys):
 
 
 def test_doctor_says_which_tag_matches_a_gpu_and_when_the_default_does_not(monkeypatch):
-    from tvm_rammer import gpu
+    from tvm_rammer.host import gpu
 
     local = gpu.LocalGPU(None, gpu.DeviceId("NVIDIA A100-SXM4-80GB", "sm_80", "550.1"))
     monkeypatch.setattr(gpu, "local_gpu", lambda: local)
@@ -131,7 +131,7 @@ def _gpu_host_without_compiler(monkeypatch):
 
 def test_compile_on_a_gpu_host_without_any_cuda_compiler_fails_before_compiling(
         monkeypatch, tmp_path, capsys):
-    from tvm_rammer import frontend
+    from tvm_rammer.driver import frontend
 
     _gpu_host_without_compiler(monkeypatch)
     monkeypatch.setattr(frontend, "compile", lambda *a, **k: pytest.fail("compiled anyway"))

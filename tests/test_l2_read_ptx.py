@@ -10,7 +10,7 @@ import pytest
 import tvm
 
 from tvm_rammer.benchmarks import floor as fl
-from tvm_rammer.resources import cuda_source
+from tvm_rammer.codegen.resources import cuda_source
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 

@@ -3,9 +3,10 @@
 import tvm
 from tvm import relax
 
-from tvm_rammer.frontend import import_onnx
-from tvm_rammer.inspection import lower_default
-from tvm_rammer.launches import count_cuda_graph_launches, count_launches, kernels_in_primfunc
+from tvm_rammer.driver.frontend import import_onnx
+from tvm_rammer.views.inspection import lower_default
+from tvm_rammer.driver.launches import (count_cuda_graph_launches, count_launches,
+                                        kernels_in_primfunc)
 from tvm_rammer.models import get_model
 
 from onnx_builders import parallel_branches

@@ -15,8 +15,8 @@ from tvm import te
 
 from fake_device import FakeDevice
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.lease import kernel_results, kernels
 from tvm_rammer.lease.kernels import KernelEntry
 from tvm_rammer.models import REDUCED, get_model

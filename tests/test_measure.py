@@ -8,7 +8,7 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from conftest_tir import TARGET, schedule, scheduled_kernel, single_op_module
-from tvm_rammer.gpu import DeviceId, LocalGPU, local_gpu
+from tvm_rammer.host.gpu import DeviceId, LocalGPU, local_gpu
 from tvm_rammer.target import capped_target
 from tvm_rammer.tuning.measure import CudaDevice, KernelJob, param_specs
 from tvm_rammer.tuning.versions import func_key
@@ -509,9 +509,9 @@ def test_a_version_that_computes_something_else_is_invalid_and_a_right_one_valid
 @pytest.mark.gpu
 def test_the_cache_of_a_gpu_compile_is_reused_by_the_next(tmp_path):
     """Two compiles of one model on the GPU: the second measures nothing (records from the cache)."""
-    from tvm_rammer.backend import make_profiler
+    from tvm_rammer.driver.backend import make_profiler
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.target import resolve_target
 

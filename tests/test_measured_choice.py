@@ -7,13 +7,13 @@ import tvm
 from tvm import tirx
 
 from fake_device import FakeDevice, version_name
-from tvm_rammer.backend import make_profiler
+from tvm_rammer.driver.backend import make_profiler
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model
-from tvm_rammer.launches import count_launches
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.views.inspection import inspect_model
+from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.report import rprogram_reports
+from tvm_rammer.driver.report import rprogram_reports
 from tvm_rammer.tuning.profile_db import JsonProfileDB, open_profile_db
 from tvm_rammer.tuning.profiler import Profiler
 
@@ -134,7 +134,7 @@ def test_an_rprogram_slower_than_tvms_default_kernels_is_replaced_by_them(alexne
 
 
 def test_inspect_json_and_text_say_where_times_come_from(alexnet, capsys):
-    from tvm_rammer.report import format_schedule
+    from tvm_rammer.driver.report import format_schedule
 
     summary = inspect_model(alexnet, TARGET, RammerConfig(), profiled(
         kernel_us=templates_fastest, wrong=lambda job: version_name(job).startswith("gemm")))

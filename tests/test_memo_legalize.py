@@ -6,9 +6,9 @@ from tvm import relax
 
 from relay_passes.memo_legalize import MemoLegalizeOps, _Memo
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
+from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.pipeline import rammer_passes
+from tvm_rammer.driver.pipeline import rammer_passes
 from tvm_rammer.target import rammer_target
 
 from onnx_builders import random_dag

@@ -100,7 +100,7 @@ def test_stream_assignment_of_a_diamond_and_bad_input():
 
 
 def test_nimble_columns_are_opt_in_and_the_cli_compiles_them_on_the_cpu(tmp_path):
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     assert BenchOptions().selected_systems() == SYSTEMS
     assert BenchOptions(systems=("nimble", "tvm-rammer", "ios")).selected_systems() == \
@@ -125,7 +125,7 @@ def test_nimble_columns_are_opt_in_and_the_cli_compiles_them_on_the_cpu(tmp_path
 
 
 def test_nimble_executor_says_what_it_needs_without_a_gpu():
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("checks the CPU path")
@@ -135,9 +135,9 @@ def test_nimble_executor_says_what_it_needs_without_a_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["branches", "two_branch", "squeezenet"])
 def test_nimble_executor_matches_onnxruntime(name):
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference, random_inputs
+    from tvm_rammer.run.runner import onnx_reference, random_inputs
 
     if nimble._cudart() is None:
         pytest.skip("needs cuda-python")
@@ -155,9 +155,9 @@ def test_nimble_executor_matches_onnxruntime(name):
 
 @pytest.mark.gpu
 def test_nimble_bench_column_is_checked_and_timed_on_the_gpu(recwarn):
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference, random_inputs
+    from tvm_rammer.run.runner import onnx_reference, random_inputs
 
     if nimble._cudart() is None:
         pytest.skip("needs cuda-python")
@@ -183,7 +183,7 @@ def test_policies_compile_to_kernels_that_match_onnxruntime(policy, name):
     import tvm_rammer
     from tvm_rammer.config import RammerConfig
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference, random_inputs
+    from tvm_rammer.run.runner import onnx_reference, random_inputs
 
     proto = get_model(name, **REDUCED[name])
     feeds = random_inputs(proto, 0)

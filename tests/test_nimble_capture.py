@@ -18,10 +18,10 @@ import tvm_ffi
 
 from nimble_fake_cudart import CapturingLib, FakeCudart, cudaError_t, cudaStreamCaptureMode
 from tvm_rammer.benchmarks import nimble
-from tvm_rammer.frontend import import_onnx
+from tvm_rammer.driver.frontend import import_onnx
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 SENTINEL = 0x5151  # TVM's stream of the CPU device before prepare(): it must be given back
 
@@ -254,7 +254,7 @@ def test_every_call_of_a_run_is_one_the_real_bindings_accept(tvm_stream):
     close), made again with the real cuda-bindings and handles of the real types: no TypeError
     and a tuple whose first item is a cudaError_t. Without a GPU only (the handles are not real)."""
     real = pytest.importorskip("cuda.bindings.runtime")
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("replays made-up handles: only where no GPU can be reached")

@@ -1,11 +1,11 @@
 """The ONNX backend's node tests: tvm-rammer lowers every model TVM's default pipeline lowers,
 with no more launches. A seeded sample runs here, plus every case that once failed; the whole suite
-is ``python3 -m tvm_rammer.node_suite --jobs 2`` (README, status section)."""
+is ``python3 -m tvm_rammer.checks.node_suite --jobs 2`` (README, status section)."""
 import re
 
 import pytest
 
-from tvm_rammer.node_suite import (DEFAULT_FAILS, NOT_IMPORTED, OK, PROBLEMS, TIMEOUT,
+from tvm_rammer.checks.node_suite import (DEFAULT_FAILS, NOT_IMPORTED, OK, PROBLEMS, TIMEOUT,
                                    format_summary, node_cases, run_cases, select, summarize)
 
 SAMPLE, SEED = 300, 0

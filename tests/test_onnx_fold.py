@@ -5,9 +5,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_rammer.frontend import import_onnx
-from tvm_rammer.onnx_fold import fold_shape_subgraphs
-from tvm_rammer.shapes import bind_shapes
+from tvm_rammer.driver.frontend import import_onnx
+from tvm_rammer.onnx_prep.onnx_fold import fold_shape_subgraphs
+from tvm_rammer.onnx_prep.shapes import bind_shapes
 
 from onnx_builders import run_onnxruntime, run_tvm_cpu
 

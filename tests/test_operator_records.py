@@ -13,8 +13,8 @@ import pytest
 
 from fake_device import FakeDevice
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.driver.frontend import import_onnx
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.tuning import operator_record, versions
 from tvm_rammer.tuning.profile_db import open_profile_db

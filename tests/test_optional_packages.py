@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tvm_rammer.gpu import gpu_available
+from tvm_rammer.host.gpu import gpu_available
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDE = textwrap.dedent("""

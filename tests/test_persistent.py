@@ -6,9 +6,9 @@ import pytest
 from tvm_rammer.codegen.persistent import (INST_WORDS, Binding, DispatchEntry,
                                            PersistentKernelSpec, TensorSlot, encode_program,
                                            has_barriers)
-from tvm_rammer.executor import Wait, decode_table
-from tvm_rammer.rprogram import RProgram
-from tvm_rammer.rtask import RTask
+from tvm_rammer.codegen.executor import Wait, decode_table
+from tvm_rammer.abstractions.rprogram import RProgram
+from tvm_rammer.abstractions.rtask import RTask
 
 
 def decode(table, num_veus, offsets_len=0):

@@ -7,12 +7,12 @@ import tvm
 from tvm import relax
 
 import tvm_rammer
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model
-from tvm_rammer.launches import count_launches
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.views.inspection import inspect_model
+from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.report import rprogram_reports
-from tvm_rammer.resources import cuda_source
+from tvm_rammer.driver.report import rprogram_reports
+from tvm_rammer.codegen.resources import cuda_source
 
 from onnx_builders import mixed_relax_module, parallel_branches, random_dag, two_branch
 
@@ -91,7 +91,7 @@ def test_unplaceable_operators_stay_ordinary_kernels(caplog):
     mod = mixed_relax_module()
     with caplog.at_level(logging.INFO, logger="tvm_rammer"):
         with tvm_rammer.rammer_target(TARGET):
-            from tvm_rammer.pipeline import rammer_passes
+            from tvm_rammer.driver.pipeline import rammer_passes
             from tvm_rammer.config import RammerConfig
 
             passes = rammer_passes(tvm.target.Target(TARGET), RammerConfig())
@@ -99,7 +99,7 @@ def test_unplaceable_operators_stay_ordinary_kernels(caplog):
     assert "stays an ordinary kernel" in caplog.text
     text = lowered["main"].script()
     assert "my_ext" in text  # the extern call survives between rPrograms
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.report import unplaced_operators
 
     reasons = " ".join(op["reason"] for op in unplaced_operators(lowered))
     assert "tir_vars" in reasons and "call_dps_packed" in reasons
@@ -165,7 +165,7 @@ def test_main_with_control_flow_keeps_ordinary_kernels():
             return y
 
     lowered = lower(WithIf, TARGET)
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.report import unplaced_operators
 
     assert not persistent_kernels(lowered)
     assert unplaced_operators(lowered)[0]["name"] == "main"
@@ -195,8 +195,8 @@ def test_a_lowering_with_more_launches_than_tvms_default_is_replaced_by_the_defa
     from tir_templates.default_schedule import default_schedule_pass
     from tvm.relax.backend.cuda import pipeline as cuda_backend
 
-    from tvm_rammer.pipeline import _fewer_launches
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.pipeline import _fewer_launches
+    from tvm_rammer.driver.report import unplaced_operators
 
     mod = import_onnx(random_dag(5, num_ops=14))
     plain = tvm.target.Target("nvidia/nvidia-h100")
@@ -217,7 +217,7 @@ def test_the_default_is_fused_only_when_its_operators_alone_do_not_decide(monkey
     """_fewer_launches: a lowering with no more launches than the default's matmul/conv operators is
     kept without running FuseOps on the default; one with more goes on to the fused bound (the
     negative control)."""
-    from tvm_rammer import pipeline
+    from tvm_rammer.driver import pipeline
 
     mod = import_onnx(random_dag(5, num_ops=14))
     rammer = lower(mod, TARGET)
@@ -245,7 +245,7 @@ def test_matmuls_nobody_reads_are_not_counted_as_default_launches():
     but a pass context may disable it: the bound before FuseOps must leave them out too."""
     from tvm.script import relax as R
 
-    from tvm_rammer.pipeline import default_anchors_at_least, default_stages
+    from tvm_rammer.driver.pipeline import default_anchors_at_least, default_stages
     from tvm_rammer.target import plain_target, rammer_target
 
     @tvm.script.ir_module
@@ -276,7 +276,7 @@ def test_matmuls_nobody_reads_are_not_counted_as_default_launches():
 def test_the_default_launch_lower_bounds_never_exceed_the_default_launches(model):
     """_fewer_launches skips building TVM's default lowering when ours launches at most this bound;
     it must never be more than what the default lowering launches."""
-    from tvm_rammer.pipeline import (default_anchors_at_least, default_launches_at_least,
+    from tvm_rammer.driver.pipeline import (default_anchors_at_least, default_launches_at_least,
                                      default_stages)
     from tvm_rammer.target import plain_target, rammer_target
 

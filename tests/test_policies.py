@@ -1,4 +1,4 @@
-"""Scheduling policies as plug-ins (tvm_rammer.policies): every policy's rPrograms pass the invariant
+"""Scheduling policies as plug-ins (tvm_rammer.scheduling.policies): every policy's rPrograms pass the invariant
 checker on random DAGs; IOS's dynamic programme equals brute force on small graphs; Opara's launch
 order on a crafted graph; the registry, RammerConfig.policy and --policy; the Relax rewrite's emit
 order for rPrograms that do not follow the waves; the predicted-time table on a reduced model."""
@@ -12,10 +12,10 @@ import pytest
 from tvm_rammer import cli
 from tvm_rammer.config import POLICIES as POLICY_NAMES
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.policies import POLICIES, get_policy, ios, opara
-from tvm_rammer.policy import OpGraph, PolicyConfig, bfs_waves
-from tvm_rammer.rtask import RKernel, ROperator
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.scheduling.policies import POLICIES, get_policy, ios, opara
+from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, bfs_waves
+from tvm_rammer.abstractions.rtask import RKernel, ROperator
+from tvm_rammer.abstractions.vdevice import VDevice
 
 from test_policy import global_order, random_case
 

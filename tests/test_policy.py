@@ -5,10 +5,11 @@ import random
 
 import pytest
 
-from tvm_rammer.cost_model import CostModelConfig, rtask_time_us
-from tvm_rammer.policy import OpGraph, PolicyConfig, replace_cost, schedule, schedule_wave, select_rkernels
-from tvm_rammer.rtask import BarrierRTask, RKernel, ROperator, RTask
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.scheduling.cost_model import CostModelConfig, rtask_time_us
+from tvm_rammer.scheduling.policy import (OpGraph, PolicyConfig, replace_cost, schedule,
+                                          schedule_wave, select_rkernels)
+from tvm_rammer.abstractions.rtask import BarrierRTask, RKernel, ROperator, RTask
+from tvm_rammer.abstractions.vdevice import VDevice
 
 H100 = VDevice.for_arch("sm_90")
 
@@ -321,7 +322,7 @@ def test_a_merged_wave_may_take_the_version_that_keeps_the_plans_vEU_shape():
 def test_select_veus_matches_a_plain_heap_on_random_timelines():
     import heapq
 
-    from tvm_rammer.policy import select_veus
+    from tvm_rammer.scheduling.policy import select_veus
 
     def reference(free, ready, count, time_us):
         heap = [(max(f, ready), v) for v, f in enumerate(free)]

@@ -8,11 +8,11 @@ start."""
 import pytest
 
 from fake_device import FakeDevice
-from tvm_rammer import policy
+from tvm_rammer.scheduling import policy
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
-from tvm_rammer.gpu import DeviceId, LocalGPU
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.driver.frontend import import_onnx
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.tuning.measure import CudaDevice
 from tvm_rammer.tuning.profile_db import open_profile_db
@@ -63,7 +63,7 @@ def compile_with(model, device, path):
 
 def test_every_timed_persistent_kernel_was_built_early_and_the_choices_are_the_same(alexnet, tmp_path,
                                                                                   monkeypatch):
-    from tvm_rammer import backend
+    from tvm_rammer.driver import backend
 
     early = PrebuildingDevice()
     real_policy = backend.get_policy

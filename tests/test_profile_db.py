@@ -9,15 +9,15 @@ import pytest
 from conftest_tir import TARGET, scheduled_kernel
 from fake_device import FakeDevice
 from tir_templates.prelower import prelower
-from tvm_rammer.gpu import DeviceId
-from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
-from tvm_rammer.rtask import RKernel, ROperator
+from tvm_rammer.host.gpu import DeviceId
+from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
+from tvm_rammer.abstractions.rtask import RKernel, ROperator
 from tvm_rammer.tuning.measure import KernelJob
 from tvm_rammer.tuning.profile_db import (FORMAT, JsonProfileDB, SqliteProfileDB, default_cache_path,
                                           open_profile_db)
 from tvm_rammer.tuning.profiler import Profiler, plan_key, rtask_time
 from tvm_rammer.tuning.versions import KernelVersion, func_key
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.vdevice import VDevice
 
 H100 = VDevice.for_arch("sm_90")
 DEV = DeviceId("NVIDIA H100 80GB HBM3", "sm_90", "580.159.04")

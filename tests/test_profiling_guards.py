@@ -18,7 +18,7 @@ import tvm
 import fake_device
 from fake_device import FakeDevice
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.tuning import measure
 from tvm_rammer.tuning.measure import CudaDevice, KernelJob, tolerance_for
 from tvm_rammer.tuning.profile_db import JsonProfileDB, open_profile_db
@@ -87,9 +87,9 @@ def test_a_wrong_output_is_a_fact_and_stays_cached(tmp_path):
 
 
 def test_a_dlight_failure_makes_an_ordinary_kernel_now_and_not_in_the_next_compile(tmp_path):
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.report import unplaced_operators
 
     mod = import_onnx(get_model("branches", **REDUCED["branches"]))
     config = RammerConfig(profile_db=str(tmp_path / "p.sqlite"), profile_margin=None)
@@ -261,8 +261,8 @@ def test_the_budget_counts_from_the_compiles_start():
 def test_the_pipeline_starts_the_budget_before_its_first_pass(monkeypatch):
     import time
 
-    from tvm_rammer import backend
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver import backend
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 
     seen = []
@@ -284,7 +284,7 @@ def test_a_compile_past_its_budget_finishes_on_predictions_with_one_warning(capl
     """The whole back end on a fake clock: each rProgram timing takes 50 s; with a 60 s budget
     nothing starts after 60 s, the policy stops asking for plan times, one warning; without a
     budget (the control) more rPrograms are timed."""
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 
     mod = import_onnx(get_model("branches", **REDUCED["branches"]))
@@ -334,9 +334,9 @@ def test_only_operators_whose_versions_are_close_to_dlight_are_measured():
 def test_the_policy_times_only_close_choices():
     """Two independent 1-op waves: merging is analytically a clear win or a close call; with a
     margin only the close one asks the profile for times."""
-    from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
-    from tvm_rammer.rkernels import ROperator, RKernel
-    from tvm_rammer.vdevice import VDevice
+    from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
+    from tvm_rammer.scheduling.rkernels import ROperator, RKernel
+    from tvm_rammer.abstractions.vdevice import VDevice
 
     vdevice = VDevice(num_sms=132)
     kernels = [RKernel("k", 16, 256, 32, 0, 0.01, "t")]  # launches dominate: merging clearly wins
@@ -459,7 +459,7 @@ def test_close_does_not_wait_for_a_hung_job(device):
 def test_a_wait_that_gave_up_makes_the_candidate_invalid_without_timing_it(monkeypatch):
     """_time_kernel_worker reads the fault page after the warm-up: a recorded fault raises
     instead of ~100 timed runs that each wait wait_timeout_ms."""
-    from tvm_rammer import faults
+    from tvm_rammer.codegen import faults
 
     class Array:
         def __init__(self, a):
@@ -506,7 +506,7 @@ with open({str(mark)!r}, "a") as f:
     f.write("run\\n")
 import tvm
 import fake_device
-from tvm_rammer.gpu import DeviceId, LocalGPU
+from tvm_rammer.host.gpu import DeviceId, LocalGPU
 from tvm_rammer.tuning.measure import CudaDevice
 device = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90a")),
                     tvm.target.Target({{"kind": "cuda", "arch": "sm_90a"}}), run_timeout_s=120)
@@ -533,9 +533,9 @@ def _constants(func):
 # --- defect 4: the injected fault is never timed; the table is part of the rProgram's key -------
 
 def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
-    from tvm_rammer import faults
-    from tvm_rammer.executor import manifests
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.codegen import faults
+    from tvm_rammer.codegen.executor import manifests
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
 
     mod = import_onnx(get_model("branches", **REDUCED["branches"]))
@@ -567,9 +567,9 @@ def test_the_injected_fault_is_not_in_the_timed_table_but_in_the_emitted_one():
     assert any(t.shape == expected.shape and (t == expected).all() for t in emitted)
 
 def test_the_plan_key_changes_with_the_table():
-    from tvm_rammer.policy import OpGraph, PolicyConfig, schedule
-    from tvm_rammer.rkernels import ROperator, RKernel
-    from tvm_rammer.vdevice import VDevice
+    from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
+    from tvm_rammer.scheduling.rkernels import ROperator, RKernel
+    from tvm_rammer.abstractions.vdevice import VDevice
 
     graph = OpGraph(ops={0: ROperator(0, "op0", [RKernel("k", 16, 256, 32, 0, 5.0, "t")])},
                     preds={}, waves=[[0]])
@@ -585,10 +585,10 @@ def test_the_plan_key_changes_with_the_table():
 # --- the back end as a whole: any failure on a GPU host falls back to TVM's default -------------
 
 def test_a_back_end_failure_while_measuring_falls_back_to_tvms_default(monkeypatch, caplog):
-    from tvm_rammer import backend
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver import backend
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import REDUCED, get_model
-    from tvm_rammer.report import unplaced_operators
+    from tvm_rammer.driver.report import unplaced_operators
 
     def broken(*_args, **_kw):
         raise MemoryError("cudaMalloc failed")
@@ -645,7 +645,7 @@ def test_gpu_tests_and_the_stress_run_compile_without_profiling_but_one():
     assert len(gpu) >= 5
     assert [name for name, profiled in gpu if profiled] == [
         "test_an_unsatisfiable_barrier_raises_naming_the_veu_and_the_context_survives"]
-    stress = _compile_calls(os.path.join(REPO, "tvm_rammer", "stress.py"))
+    stress = _compile_calls(os.path.join(REPO, "tvm_rammer", "checks", "stress.py"))
     assert stress and not any(profiled for _, profiled in stress)
 
 
@@ -654,9 +654,9 @@ def test_making_versions_stops_when_the_budget_runs_out_while_they_are_made(monk
     """Each operator's versions take 10 s (a fake clock): with a 25 s budget the third operator's
     are made and the others keep their dlight version only (named in unmeasured()["versions"]);
     the control without a budget makes every operator's."""
-    from tvm_rammer import backend
-    from tvm_rammer.frontend import import_onnx
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.driver import backend
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.views.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
 
     clock = fake_device.FakeClock(0.0)

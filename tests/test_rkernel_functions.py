@@ -18,7 +18,7 @@ from tvm_rammer import RammerConfig
 from tvm_rammer.codegen import rkernel_functions
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import onnx_reference, random_inputs
+from tvm_rammer.run.runner import onnx_reference, random_inputs
 
 needs_cxx = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
@@ -37,7 +37,7 @@ _LOCAL = re.compile(r"^\s*alignas\(\d+\) \w+ (\w+)\[", re.MULTILINE)  # a thread
 
 
 def _build(name, on: bool):
-    from tvm_rammer.emulator import emulation_build
+    from tvm_rammer.checks.emulator import emulation_build
 
     return emulation_build(get_model(name, **MODELS[name]),
                            config=RammerConfig(**SMALL, rkernel_functions=on))
@@ -137,7 +137,7 @@ def test_one_device_function_per_dispatch_entry(name):
 @needs_cxx
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_match_onnxruntime_with_the_option_on(name):
-    from tvm_rammer.emulator import emulate
+    from tvm_rammer.checks.emulator import emulate
 
     build = _build(name, True)
     assert _DEVICE_FN.search(build.cuda_source)
@@ -153,7 +153,7 @@ def test_wrong_rtask_id_in_the_calls_gives_a_wrong_result(monkeypatch):
     """Negative control: every call passes rtask_id 0 (each operator's first rTask, again and
     again): the emulated outputs no longer match."""
     from tvm import tirx
-    from tvm_rammer.emulator import emulate
+    from tvm_rammer.checks.emulator import emulate
 
     closure = rkernel_functions._closure
 
@@ -174,7 +174,7 @@ def test_wrong_rtask_id_in_the_calls_gives_a_wrong_result(monkeypatch):
 def test_bodies_that_cannot_be_outlined_stay_inline(monkeypatch):
     """With thread-local arrays treated as an unsupported scope, the bodies that use one stay in
     the kernel, the others become functions, and the outputs are still right."""
-    from tvm_rammer.emulator import emulate
+    from tvm_rammer.checks.emulator import emulate
 
     monkeypatch.setattr(rkernel_functions, "_SINKABLE", ())
     build = _build("squeezenet", True)
@@ -213,7 +213,7 @@ def test_a_body_two_rprograms_hold_is_one_function_called_from_both(monkeypatch)
     kernels have the same outlined body, defined once and called from each kernel; the model still
     gives onnxruntime's outputs on the emulator. Control: with the merging off, each kernel calls
     only functions of its own, and more are defined."""
-    from tvm_rammer.emulator import emulate, emulation_build
+    from tvm_rammer.checks.emulator import emulate, emulation_build
 
     name = "lstm_tc"
     config = RammerConfig(**SMALL, merge="never")

@@ -22,7 +22,7 @@ from tvm_rammer.rocm import codeobject, helpers, toolchain
 from tvm_rammer.rocm.dialect import waves_per_eu
 from tvm_rammer.rocm.early_exit import guard_work
 from tvm_rammer.rocm.occupancy import veus_per_cu
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.vdevice import VDevice
 from tir_templates.prelower import UnsupportedKernel
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -39,7 +39,7 @@ def _build(mod, target=MI300X, config=None):
         if config is None:
             ex = tvm.compile(mod, target=target)
         else:
-            from tvm_rammer.pipeline import rammer_pipeline
+            from tvm_rammer.driver.pipeline import rammer_pipeline
             ex = tvm.compile(mod, target=tvm_rammer.rammer_target(target),
                              relax_pipeline=rammer_pipeline(config=config))
     assert len(found) == 1, "one device module, one code object"
@@ -164,7 +164,7 @@ def test_code_object_metadata_of_every_persistent_kernel(branches):
 
 def test_inspect_reports_code_object_and_fitting_veus(branches):
     mod, _, _ = branches
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     summary = inspect_model(mod, MI300X)
     assert summary["rprograms"] >= 1
     for program in summary["programs"]:
@@ -184,7 +184,7 @@ def test_wide_veu_gets_its_real_workgroup_size():
     config = RammerConfig(max_rtask_threads=1024)
     ex, hsaco = _build(mod, config=config)
     meta, _, names = _persistent(hsaco)
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.views.inspection import inspect_model
     widths = {p["kernel"] + "_kernel": p["veu_threads"]
               for p in inspect_model(mod, MI300X, config)["programs"]}
     assert max(widths.values()) > rocm_build.TVM_FLAT_LIMIT
@@ -339,7 +339,7 @@ def _instruction_loop_state(model, monkeypatch, clear: bool, cache):
     """(code object metadata, float values the vEU's instruction loop carries from one rTask to
     the next in TVM's optimized LLVM IR) of ``model``'s persistent kernels for MI300X."""
     import re
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.rocm import early_exit
     from tvm_rammer.rocm.report import build_code_object, persistent_funcs
     from tvm_rammer.target import resolve_target
@@ -502,7 +502,7 @@ def test_a_spilling_kernel_is_found_and_named(monkeypatch, tmp_path, caplog):
     ``problems_of`` flags it and the register probe warns naming the rProgram. Unlimited: none of
     that."""
     import logging
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.rocm.report import problems_of
     model = get_model("lstm_tc", **REDUCED["lstm_tc"])

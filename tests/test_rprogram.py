@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from tvm_rammer.rprogram import RProgram, ScheduleError
-from tvm_rammer.rtask import BarrierRTask, RTask
+from tvm_rammer.abstractions.rprogram import RProgram, ScheduleError
+from tvm_rammer.abstractions.rtask import BarrierRTask, RTask
 
 MATMUL, RELU, CONV = 0, 1, 2
 

@@ -5,7 +5,7 @@ import pytest
 
 from tvm_rammer.models import get_model
 from tvm_rammer.numerics import relative_error
-from tvm_rammer.runner import _launch, random_inputs
+from tvm_rammer.run.runner import _launch, random_inputs
 
 
 def test_relative_error_never_passes_nan_or_wrong_shapes():

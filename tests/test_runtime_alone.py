@@ -17,7 +17,7 @@ import tvm
 from tvm import relax
 
 import tvm_rammer
-from tvm_rammer import faults
+from tvm_rammer.codegen import faults
 from tvm_rammer.config import RammerConfig
 from tvm_rammer.models import REDUCED, get_model
 

@@ -26,9 +26,10 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-from tvm_rammer import faults, runtime
+from tvm_rammer.codegen import faults
+from tvm_rammer import runtime
 from tvm_rammer.codegen import cuda_helpers
-from tvm_rammer.gpu import gpu_available
+from tvm_rammer.host.gpu import gpu_available
 from tvm_rammer.lease import manifest as mf
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.runtime import fault_page
@@ -101,8 +102,8 @@ def _lstm_apart():
     a transform_params of the project's own rewrites (W split over the concat, the recurrent
     GEMV's columns interleaved)."""
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx
-    from tvm_rammer.pipeline import graph_passes
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
 
     model = get_model("lstm_tc", **REDUCED["lstm_tc"])
     config = RammerConfig(weights="apart")
@@ -255,7 +256,7 @@ def test_negative_control_the_same_probe_finds_the_compiler_in_a_normal_interpre
     env.pop("TVM_USE_RUNTIME_LIB")
     found = _probe(built / "regenerated.json", env)
     side = _compiler_side(found)
-    assert "libtvm_compiler" in side and "tvm.relax" in side and "tvm_rammer.pipeline" in side
+    assert "libtvm_compiler" in side and "tvm.relax" in side and "tvm_rammer.driver.pipeline" in side
     assert found["compiler_error"] is None
 
 
@@ -293,7 +294,7 @@ def test_a_fault_is_raised_once_and_the_page_cleared(built):
 def test_inputs_are_the_compiler_sides_seeded_inputs(tmp_path, name):
     """The same arrays as ``runner.random_inputs`` (gpt2_decode: int64 token id and position,
     then float caches)."""
-    from tvm_rammer.runner import random_inputs
+    from tvm_rammer.run.runner import random_inputs
     from tvm_rammer.runtime.reference import seeded_inputs
 
     model = get_model(name, **REDUCED[name])

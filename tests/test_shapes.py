@@ -10,10 +10,10 @@ from tvm import relax
 
 import tvm_rammer
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx
-from tvm_rammer.inspection import inspect_model
+from tvm_rammer.driver.frontend import import_onnx
+from tvm_rammer.views.inspection import inspect_model
 from tvm_rammer.models import get_model
-from tvm_rammer.shapes import (bind_shapes, parse_shape, parse_shape_flag, unbound_inputs,
+from tvm_rammer.onnx_prep.shapes import (bind_shapes, parse_shape, parse_shape_flag, unbound_inputs,
                                 unbound_params)
 
 from onnx_builders import dynamic_batch, run_onnxruntime, run_tvm_cpu

@@ -25,7 +25,7 @@ from tir_templates.rtask_rewrite import instantiate
 from tir_templates.templates import fast_schedules
 from tvm_rammer.cli import build_parser
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.pipeline import rammer_passes
+from tvm_rammer.driver.pipeline import rammer_passes
 from tvm_rammer.target import rammer_target
 from tvm_rammer.tuning.tune import extract_tasks, pre_schedule_module
 
@@ -196,7 +196,7 @@ def test_the_persistent_kernel_makes_a_large_pool_dynamic():
 
 def test_tuning_uses_the_rtask_cap_and_the_float16_model():
     from tvm_rammer.models import REDUCED, get_model
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
 
     mod = import_onnx(get_model("alexnet", **REDUCED["alexnet"]))
     config = RammerConfig(max_rtask_threads=64, precision="float16")
@@ -265,7 +265,7 @@ def test_every_tensor_core_version_matches_the_operator_on_the_gpu(name):
 
 def test_bench_runs_the_tvm_baseline_at_the_same_precision_and_states_the_tolerance():
     from tvm_rammer.benchmarks.systems import TVM_DEFAULT, TVMSystem, tolerance_for
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import get_model
 
     mod = import_onnx(get_model("two_branch", rows=4, k=16, n_out=8))

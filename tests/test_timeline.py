@@ -9,12 +9,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from tvm_rammer import timeline, timeline_view
+from tvm_rammer.scheduling import timeline
+from tvm_rammer.views import timeline_view
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.policy import OpGraph, PolicyConfig, RProgramPlan, schedule
-from tvm_rammer.rprogram import RProgram
-from tvm_rammer.rtask import RKernel, ROperator, RTask
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, RProgramPlan, schedule
+from tvm_rammer.abstractions.rprogram import RProgram
+from tvm_rammer.abstractions.rtask import RKernel, ROperator, RTask
+from tvm_rammer.abstractions.vdevice import VDevice
 
 EPS = 1e-6
 
@@ -212,7 +213,7 @@ def test_in_context_records_are_per_rkernel_and_marked():
 
 
 def test_in_context_records_go_to_the_profile_db_under_their_own_kind(tmp_path):
-    from tvm_rammer.gpu import DeviceId
+    from tvm_rammer.host.gpu import DeviceId
     from tvm_rammer.tuning.profile_db import open_profile_db
 
     schedule_ = figure9_schedule()
@@ -338,13 +339,13 @@ def test_inspect_timeline_text_mode_prints_the_shares(model_files, tmp_path, cap
 
 def test_run_timeline_without_a_gpu_says_not_measured(model_files, capsys):
     from tvm_rammer.cli import main
-    from tvm_rammer.gpu import gpu_available
+    from tvm_rammer.host.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is visible: the measured timeline is tested in test_measured_timeline_*")
     assert main(["run", str(model_files["nasbench_cell"]), "--timeline", "x"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
-    from tvm_rammer import runner
+    from tvm_rammer.run import runner
     with pytest.raises(ValueError, match="not measured"):
         runner.run_timeline(str(model_files["nasbench_cell"]), "rammer/nvidia-h100")
     assert main(["run", str(model_files["nasbench_cell"]), "--record-in-context"]) == 2
@@ -356,7 +357,7 @@ def test_run_timeline_without_a_gpu_says_not_measured(model_files, capsys):
 @pytest.fixture(scope="module")
 def instrumented():
     """The 4-branch model lowered twice: plain and with RammerConfig(timeline=True)."""
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.models import get_model
 
     mod = import_onnx(get_model("branches", n=4))
@@ -374,7 +375,7 @@ def _persistent(mod):
 
 def _source(mod):
     import tvm_rammer
-    from tvm_rammer.resources import cuda_source
+    from tvm_rammer.codegen.resources import cuda_source
 
     name, func = _persistent(mod)
     return cuda_source(func.with_attr("global_symbol", name), tvm_rammer.rammer_target("rammer/nvidia-h100"))
@@ -428,9 +429,9 @@ def test_main_returns_one_timeline_buffer_per_rprogram(instrumented):
 
 
 def test_the_instrumented_build_compiles_end_to_end():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import get_model
-    from tvm_rammer.runner import build_timeline
+    from tvm_rammer.run.runner import build_timeline
 
     executable, schedules, names = build_timeline(import_onnx(get_model("branches", n=4)),
                                                   "rammer/nvidia-h100", RammerConfig(profile=False))
@@ -502,8 +503,8 @@ def test_return_timelines_before_expected():
 
 @pytest.mark.gpu
 def test_measured_timeline_of_the_demo_model(model_files, tmp_path):
-    from tvm_rammer import runner
-    from tvm_rammer.gpu import local_gpu
+    from tvm_rammer.run import runner
+    from tvm_rammer.host.gpu import local_gpu
 
     found = runner.run_timeline(str(model_files["branches"]), "rammer/nvidia-h100")
     assert found["max_rel_err"] <= 1e-4  # the instrumented kernel still computes the model

@@ -10,8 +10,8 @@ from tir_templates.cuda_resources import find_tool
 from tir_templates.s_tir_passes import s_tir_passes
 from tvm_rammer import RammerConfig
 from tvm_rammer.codegen import tir_pipeline
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import lower_default
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.views.inspection import lower_default
 from tvm_rammer.models import REDUCED, get_model
 from tvm_rammer.target import plain_target, rammer_target
 
@@ -94,7 +94,7 @@ def test_the_passes_nvcc_redoes_do_not_change_the_sass(lowered):
     """The persistent kernel lowered by TVM's whole pipeline and by ours compiles to the same SASS
     (the listing without its header, which names the file)."""
     from tir_templates.cuda_resources import compile_cuda_sass, sass_opcodes
-    from tvm_rammer.resources import module_cuda_source
+    from tvm_rammer.codegen.resources import module_cuda_source
 
     persistent, _ = _split(lowered)
     mod, target = _bound(persistent)

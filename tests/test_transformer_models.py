@@ -332,7 +332,7 @@ def test_bert_matches_numpy_and_masked_tokens_are_ignored(valid):
 def test_runner_random_inputs_are_valid_indices(gpt2):
     """`tvm-rammer run/check` feed runner.random_inputs: integer inputs are 0 (a normal draw cast
     to int64 would give -1: an out-of-bounds Gather on the GPU)."""
-    from tvm_rammer.runner import random_inputs
+    from tvm_rammer.run.runner import random_inputs
 
     feeds = random_inputs(gpt2, seed=3)
     assert feeds["input_ids"].dtype == np.int64 and not feeds["input_ids"].any()
@@ -365,7 +365,7 @@ def test_model_command_writes_a_checked_file(tmp_path, capsys):
 
 def test_external_data_is_written_and_read_back_relative_to_the_file(tmp_path, monkeypatch,
                                                                       gpt2):
-    from tvm_rammer.frontend import load_onnx
+    from tvm_rammer.driver.frontend import load_onnx
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -425,9 +425,10 @@ def test_reduced_model_on_the_emulator_matches_onnxruntime(name):
     valid token ids and positions (fp32: relative error <= 1e-4)."""
     if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
         pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
-    from tvm_rammer import RammerConfig, emulator
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks import emulator
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference
+    from tvm_rammer.run.runner import onnx_reference
 
     model = get_model(name, **REDUCED[name])
     if name == "bert_base":
@@ -444,7 +445,7 @@ def test_a_model_past_the_check_limit_is_checked_without_its_weights(monkeypatch
     """Past protobuf's 2 GiB, onnx.checker cannot take the model in memory (it serialises it):
     import_onnx checks a copy without the weights' bytes (forced here by a lower limit), which
     still catches a broken graph (negative control)."""
-    from tvm_rammer import frontend
+    from tvm_rammer.driver import frontend
 
     monkeypatch.setattr(frontend, "CHECK_WEIGHTS_BELOW", 10_000)
     light = frontend._checkable(gpt2)
@@ -490,7 +491,7 @@ def test_operators_tvm_cannot_import_are_one_line_naming_them(capsys):
     nothing is printed; RotaryEmbedding (no converter) is named too."""
     from onnx import TensorProto, helper
 
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
 
     def info(name, shape, kind=TensorProto.FLOAT):
         return helper.make_tensor_value_info(name, kind, shape)
@@ -520,9 +521,10 @@ def test_gpt2_decode_in_float16_on_the_emulator():
     indeed (not float32's ~1e-7)."""
     if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
         pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
-    from tvm_rammer import RammerConfig, emulator
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks import emulator
     from tvm_rammer.numerics import relative_error
-    from tvm_rammer.runner import onnx_reference
+    from tvm_rammer.run.runner import onnx_reference
 
     model = get_model("gpt2_decode", **GPT2)
     feeds = _decode_feeds(model, token=5, position=6)
@@ -536,7 +538,7 @@ def test_reference_of_a_model_past_the_protobuf_limit_runs_from_a_file(monkeypat
     """runner.onnx_reference (run / check / --emulate) cannot serialise a model past 2 GiB: above
     REFERENCE_IN_MEMORY_BELOW (lowered here) onnxruntime reads it from a temporary file with
     external data; same outputs, the caller's model untouched."""
-    from tvm_rammer import runner
+    from tvm_rammer.run import runner
 
     feeds = _decode_feeds(gpt2, token=7, position=3)
     want = runner.onnx_reference(gpt2, feeds)

@@ -16,14 +16,14 @@ from onnx import TensorProto, helper
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
-from tvm_rammer import fuzz
+from tvm_rammer.checks import fuzz
 from tvm_rammer.cli import main as cli_main
 from tvm_rammer.codegen.tvm_default import (UNAVAILABLE, DefaultPipelineFailed, lower_default,
                                             reason_of)
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.inspection import inspect_model
-from tvm_rammer.pipeline import DEFAULT_UNAVAILABLE_ATTR
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.views.inspection import inspect_model
+from tvm_rammer.driver.pipeline import DEFAULT_UNAVAILABLE_ATTR
 from tir_templates.default_schedule import (SCHEDULE_NOTE_ATTR, GuardedDefaultSchedule,
                                             is_scheduled, scheduled_by)
 from tir_templates.plain_schedule import PLAIN_SCHEDULE
@@ -103,7 +103,7 @@ def test_inspect_prints_a_schedule_and_the_reason(graph184, tmp_path, capsys):
 
 @needs_gxx
 def test_run_emulate_checks_tvm_rammer_against_onnxruntime(graph184, fuzz_options):
-    from tvm_rammer.emulator import run as emulated
+    from tvm_rammer.checks.emulator import run as emulated
 
     config = RammerConfig(profile=False, **fuzz.emulated_options(fuzz_options))
     result = emulated.run_model(graph184, TARGET, config)
@@ -174,8 +174,8 @@ def test_every_dlight_rule_failing_still_compiles_and_matches_onnxruntime(monkey
     """Every dlight rule raises everywhere (TVM's default pipeline, rKernels, ordinary kernels):
     each function gets the plain schedule (here: all of them rTasks of one rProgram, softmax's
     reductions computed per thread), and the emulator checks the outputs against onnxruntime."""
-    from tvm_rammer.emulator import run as emulated
-    from tvm_rammer.report import summarize
+    from tvm_rammer.checks.emulator import run as emulated
+    from tvm_rammer.driver.report import summarize
 
     for rule in DLIGHT_RULES:
         monkeypatch.setattr(rule, "apply", _Raising.apply)
@@ -207,7 +207,7 @@ def test_symbolic_model_tvm_cannot_schedule_compiles_with_our_schedule(monkeypat
     assert funcs and all(is_scheduled(f) for f in funcs)
     assert any("GEMV rule fails" in r.getMessage() and "tvm-rammer's schedule" in r.getMessage()
                for r in caplog.records)
-    from tvm_rammer.emulator.compile import no_cuda_compile
+    from tvm_rammer.checks.emulator.compile import no_cuda_compile
     from tvm_rammer.target import plain_target
 
     with no_cuda_compile():  # TVM's codegen accepts it: every loop nest bound to threads
@@ -218,7 +218,7 @@ def test_gpu_run_and_bench_report_the_default_as_unavailable():
     """``run`` on a GPU and ``bench``: the default's latency unavailable with the reason (no GPU
     needed to check the reporting)."""
     from tvm_rammer.benchmarks.harness import _short
-    from tvm_rammer.runner import format_result
+    from tvm_rammer.run.runner import format_result
 
     reason = f"{UNAVAILABLE}: dlight's GEMV rule fails on fused_sum (AssertionError)"
     text = format_result({"device": "H100", "reference": "onnxruntime", "ok": True,

@@ -1,13 +1,14 @@
 """Without measured times an rProgram is built only when the occupancy- and latency-aware estimate
-(tvm_rammer.unmeasured_check) puts it ahead of TVM's default kernels; the wins it must keep (many
+(tvm_rammer.scheduling.unmeasured_check) puts it ahead of TVM's default kernels; the wins it must keep (many
 small operators side by side: the GEMV branches, an RNN) stay rPrograms."""
 import pytest
 
-from tvm_rammer import rammer_target, unmeasured_check
+from tvm_rammer import rammer_target
+from tvm_rammer.scheduling import unmeasured_check
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
+from tvm_rammer.driver.frontend import import_onnx, lower
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.report import fallbacks, rprogram_reports
+from tvm_rammer.driver.report import fallbacks, rprogram_reports
 
 TARGET = "rammer/nvidia-h100"
 
@@ -52,9 +53,9 @@ def test_the_estimates_see_occupancy_and_block_latency():
     """One operator of 32,768 blocks of 256 threads, the NASNet-CIFAR convolutions' shape: alone it
     holds 8 blocks per SM (threads-limited), in an rProgram of 4 vEUs per SM it runs twice as many
     rounds, so the rProgram is estimated slower; the 16 one-block GEMVs of the demo are not."""
-    from tvm_rammer.policy import OpGraph, bfs_waves, schedule
-    from tvm_rammer.rkernels import policy_config, vdevice_for
-    from tvm_rammer.rtask import ROperator, RKernel
+    from tvm_rammer.scheduling.policy import OpGraph, bfs_waves, schedule
+    from tvm_rammer.scheduling.rkernels import policy_config, vdevice_for
+    from tvm_rammer.abstractions.rtask import ROperator, RKernel
 
     config = RammerConfig(profile=False, num_sms=132)
     vdevice = vdevice_for(rammer_target(TARGET), config)

@@ -46,7 +46,7 @@ def test_nothing_unused_gives_the_same_function():
 
 
 def test_the_same_as_tvms_remove_all_unused_on_a_model():
-    from tvm_rammer.frontend import import_onnx
+    from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.models import REDUCED, get_model
 
     mod = import_onnx(get_model("lstm_tc", **REDUCED["lstm_tc"]))

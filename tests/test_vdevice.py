@@ -3,8 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tvm_rammer.rtask import RKernel
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.rtask import RKernel
+from tvm_rammer.abstractions.vdevice import VDevice
 
 H100 = VDevice.for_arch("sm_90")
 

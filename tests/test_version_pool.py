@@ -123,8 +123,8 @@ def test_a_compile_that_makes_versions_in_workers_chooses_what_one_making_them_h
     from test_operator_records import MARGIN, TARGET as RAMMER, kernel_us
     from fake_device import FakeDevice
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx
-    from tvm_rammer.inspection import inspect_model
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.views.inspection import inspect_model
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.tuning.profile_db import open_profile_db
     from tvm_rammer.tuning.profiler import Profiler
@@ -145,7 +145,7 @@ def test_a_compile_that_makes_versions_in_workers_chooses_what_one_making_them_h
 
 
 def test_a_device_with_few_build_processes_lends_none():
-    from tvm_rammer.gpu import DeviceId, LocalGPU
+    from tvm_rammer.host.gpu import DeviceId, LocalGPU
     from tvm_rammer.tuning.measure import VERSION_WORKERS_FROM, CudaDevice
 
     few = CudaDevice(LocalGPU(None, DeviceId("none", "sm_90a")), TARGET, build_workers=2)

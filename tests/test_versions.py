@@ -7,9 +7,9 @@ from tvm.s_tir import dlight as dl
 from conftest_tir import MODELS, TARGET, single_op_module
 from fake_device import FakeDevice
 from tir_templates.templates import operator_kind, template_schedules
-from tvm_rammer import rkernels
+from tvm_rammer.scheduling import rkernels
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.policy import OpGraph, schedule
+from tvm_rammer.scheduling.policy import OpGraph, schedule
 from tvm_rammer.tuning.measure import KernelJob
 from tvm_rammer.tuning.profile_db import JsonProfileDB
 from tvm_rammer.tuning.profiler import Profiler
@@ -17,7 +17,7 @@ from tir_templates.prelower import UnsupportedKernel, bound_launch, prelower
 from tvm_rammer.tuning import versions as versions_mod
 from tvm_rammer.tuning.versions import (STASH_ATTR, StashUnscheduled, VersionOptions, dlight_schedules,
                                         kernel_versions, unscheduled_funcs)
-from tvm_rammer.vdevice import VDevice
+from tvm_rammer.abstractions.vdevice import VDevice
 
 CASES = {
     "matmul": MODELS["matmul"],

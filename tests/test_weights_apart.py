@@ -29,11 +29,11 @@ from tvm import relax
 from relay_passes.lift_weights import TRANSFORM_NAME, lift_weight_transforms
 from tvm_rammer.codegen.tensors import pack_func
 from tvm_rammer.config import RammerConfig
-from tvm_rammer.frontend import import_onnx, lower
-from tvm_rammer.launches import count_launches
+from tvm_rammer.driver.frontend import import_onnx, lower
+from tvm_rammer.driver.launches import count_launches
 from tvm_rammer.lease import manifest as mf
 from tvm_rammer.models import REDUCED, get_model
-from tvm_rammer.pipeline import graph_passes
+from tvm_rammer.driver.pipeline import graph_passes
 
 from onnx_builders import random_inputs, run_onnxruntime
 
@@ -165,7 +165,7 @@ def _persistent(mod) -> dict:
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def rammer_builds(request):
     """(name, model, the embedded lowering, the weights-apart EmulationBuild) for TARGET."""
-    from tvm_rammer.emulator import emulation_build
+    from tvm_rammer.checks.emulator import emulation_build
 
     model = MODELS[request.param]()
     embedded = lower(import_onnx(model), TARGET, NO_PROFILE)
@@ -343,7 +343,7 @@ def test_rammer_build_apart_on_the_emulator_gives_onnxruntimes_outputs(rammer_bu
     """The whole rammer pipeline for a CUDA target, weights apart: transform_params (its CUDA
     kernels: the interleave, the slices, the packed rProgram blob) then main, both run on the
     CPU emulator, give onnxruntime's outputs."""
-    from tvm_rammer.emulator.interpret import Interpreter
+    from tvm_rammer.checks.emulator.interpret import Interpreter
 
     _, model, _, build = rammer_builds
     interpreter = Interpreter(build, build.emulated())
@@ -358,8 +358,8 @@ def test_rammer_build_apart_on_the_emulator_gives_onnxruntimes_outputs(rammer_bu
 def test_initializers_listed_as_inputs_are_weights_once():
     """IR < 4 style (initializers also graph inputs): each is one weight, and TVM's default
     pipeline apart gives onnxruntime's outputs."""
-    from tvm_rammer.pipeline import default_pipeline
-    from tvm_rammer.runner import onnx_reference
+    from tvm_rammer.driver.pipeline import default_pipeline
+    from tvm_rammer.run.runner import onnx_reference
 
     model = conv_bn_model()
     model.graph.input.extend(helper.make_tensor_value_info(i.name, i.data_type, i.dims)

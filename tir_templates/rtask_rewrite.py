@@ -38,7 +38,7 @@ from tvm.tirx.buffer import buffer_data, is_buffer_var
 from .prelower import BLOCK_AXES, SHARED_SCOPES, THREAD_AXES, LoweredKernel, UnsupportedKernel, aligned_bytes
 
 NAMED_BARRIER = "rammer_named_barrier"
-# RAMMER_EMULATE: the CPU emulator's named barrier (tvm_rammer/emulator), reporting the caller's line
+# RAMMER_EMULATE: the CPU emulator's named barrier (tvm_rammer/checks/emulator), reporting the caller's line
 NAMED_BARRIER_SOURCE = f"""
 #ifdef RAMMER_EMULATE
 __device__ __forceinline__ void {NAMED_BARRIER}(int id, int nthreads, int line = __builtin_LINE()) {{

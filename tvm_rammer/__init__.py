@@ -35,9 +35,9 @@ _RUNTIME_ONLY = _runtime_only()
 
 if _RUNTIME_ONLY is None:
     from .config import RammerConfig
-    from .emulator import emulate  # CUDA on the CPU (tvm_rammer/emulator/)
-    from .frontend import compile, import_onnx, lower  # noqa: A004
-    from .pipeline import install, rammer_pipeline
+    from .checks.emulator import emulate  # CUDA on the CPU (tvm_rammer/checks/emulator/)
+    from .driver.frontend import compile, import_onnx, lower  # noqa: A004
+    from .driver.pipeline import install, rammer_pipeline
     from .target import is_rammer_target, rammer_target
 
     install()

@@ -133,7 +133,7 @@ def _timed(args, run):
     --timings. Returns (run's result, extra timing rows it may append to)."""
     import tvm
 
-    from .timings import PipelineProgress, format_timings
+    from .driver.timings import PipelineProgress, format_timings
 
     progress = PipelineProgress(show=not args.no_progress and sys.stderr.isatty())
     extra: list = []
@@ -157,7 +157,7 @@ def _positive_int(text: str) -> int:
 
 def _shape_flag(text: str) -> tuple:
     """argparse type of --input-shape: NAME=DIMS -> (NAME, dims)."""
-    from .shapes import parse_shape_flag
+    from .onnx_prep.shapes import parse_shape_flag
     try:
         return parse_shape_flag(text)
     except ValueError as err:
@@ -170,8 +170,8 @@ def _bind_model(args) -> None:
     here, before anything else (a GPU, a compiler) is looked for."""
     if not hasattr(args, "input_shape"):
         return  # (`model` and `bench` have a --batch of their own: the batch they build)
-    from .frontend import load_onnx
-    from .shapes import bind_shapes
+    from .driver.frontend import load_onnx
+    from .onnx_prep.shapes import bind_shapes
     if not args.input_shape and args.batch is None:
         args.model_name, args.model = args.model, load_onnx(args.model)
         return
@@ -231,7 +231,7 @@ def write_whole(path: str, write) -> None:
 def cmd_compile(args) -> int:
     import time
 
-    from . import frontend
+    from .driver import frontend
     from .host import cross
     from .target import plain_target, resolve_target
 
@@ -273,14 +273,14 @@ def cmd_compile(args) -> int:
 
 def _timeline_shares(timelines, brief: bool) -> list:
     """Per-rProgram busy / barrier-wait / idle shares for --json (per vEU unless --brief)."""
-    from .timeline import shares
+    from .scheduling.timeline import shares
 
     found = [shares(t) for t in timelines]
     return [{k: v for k, v in s.items() if k != "veus"} for s in found] if brief else found
 
 
 def _format_shares(timelines) -> str:
-    from .timeline import shares
+    from .scheduling.timeline import shares
 
     lines = []
     for t in timelines:
@@ -292,7 +292,7 @@ def _format_shares(timelines) -> str:
 
 def _write_timeline(out: str, timelines, title: str) -> None:
     from .host.packages import missing
-    from .timeline_view import write
+    from .views.timeline_view import write
 
     paths = write(out, timelines, title, png=not missing("matplotlib"))  # (preflight warned)
     print(f"tvm-rammer: wrote {paths[0]} (open it in ui.perfetto.dev)"
@@ -301,12 +301,12 @@ def _write_timeline(out: str, timelines, title: str) -> None:
 
 
 def cmd_inspect(args) -> int:
-    from . import inspection
+    from .views import inspection
     summary, lowered = _timed(args, lambda extra: inspection.inspect_lowered(
         args.model, args.target, _config(args), timings=extra))
     timelines = None
     if args.timeline:
-        from .timeline import predict_all, schedules_of
+        from .scheduling.timeline import predict_all, schedules_of
         timelines = predict_all(schedules_of(lowered))
         _write_timeline(args.timeline, timelines, f"{_model_name(args)}: predicted timeline")
         summary["timeline"] = _timeline_shares(timelines, args.brief)
@@ -314,7 +314,7 @@ def cmd_inspect(args) -> int:
         summary = {k: v for k, v in summary.items() if not args.brief or k != "programs"}
         print(json.dumps(summary))
     else:
-        from .report import format_schedule
+        from .driver.report import format_schedule
         print(format_schedule(summary))
         if timelines:
             print(_format_shares(timelines))
@@ -322,7 +322,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from . import runner
+    from .run import runner
     config = _config(args)
     if args.record_in_context and not args.timeline:
         raise ValueError("--record-in-context records what --timeline measures; add --timeline OUT")
@@ -346,10 +346,10 @@ def cmd_run(args) -> int:
 
 
 def _run_emulated(args, config) -> int:
-    """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.emulator.run)."""
-    from . import faults
-    from .emulator import run as emulated
-    from .emulator.errors import EmulatorError
+    """``run --emulate``: both pipelines on the CPU emulator, checked (tvm_rammer.checks.emulator.run)."""
+    from .codegen import faults
+    from .checks.emulator import run as emulated
+    from .checks.emulator.errors import EmulatorError
 
     if args.timeline:
         raise ValueError("--timeline measures on a GPU; --emulate runs on the CPU emulator, whose "
@@ -364,8 +364,9 @@ def _run_emulated(args, config) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import runner
-    return runner.demo(args.target, _config(args), branches=args.branches)
+    from .checks.emulator import run as emulated
+    from .run import runner
+    return runner.demo(args.target, _config(args), branches=args.branches, emulate=emulated.demo)
 
 
 def cmd_model(args) -> int:
@@ -518,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_bench(sub, _add_common, _config)
     register_tune(sub, _add_common, _config)
-    from .fuzz import register as register_fuzz
+    from .checks.fuzz import register as register_fuzz
 
     register_fuzz(sub)
     from .host.doctor import register as register_doctor

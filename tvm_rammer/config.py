@@ -9,7 +9,7 @@ MAX_VEUS_PER_SM = 32   # resident thread blocks per SM, the most any supported G
 MAX_SMS = 1024         # several times any GPU's SM count (H100 SXM: 132, B200: 148)
 PRECISIONS = ("float32", "float16")
 MERGES = ("paper", "always", "never")
-POLICIES = ("rammer", "ios", "opara")  # tvm_rammer.policies.POLICIES, by name
+POLICIES = ("rammer", "ios", "opara")  # tvm_rammer.scheduling.policies.POLICIES, by name
 WEIGHTS = ("embedded", "apart")
 
 
@@ -35,7 +35,7 @@ class RammerConfig:
     fusion: run BranchPreservingFusion (elementwise fusion that never joins two branches).
     wait_timeout_ms: how long (GPU ``%globaltimer``) a barrier-rTask waits before it gives up: the
         kernel then ends normally with the fault recorded, and the host raises an error naming the
-        vEU and the rTask (``tvm_rammer.faults``). Longer than any legitimate wait (a wait never
+        vEU and the rTask (``tvm_rammer.codegen.faults``). Longer than any legitimate wait (a wait never
         outlasts the rProgram, whose rTasks are single thread blocks), short enough to notice.
     tail_fusion: with ``fusion``, also run SplitTailFusion: the elementwise tail after a split (an
         LSTM cell's gates and cell update) becomes one dependent step instead of a chain.
@@ -83,10 +83,10 @@ class RammerConfig:
     tuning_db: MetaSchedule work dir (``tvm-rammer tune``) whose best schedules become rKernel versions.
     versions: give each operator several rKernel versions (dlight variants, templates, tuning
         database) for SelectRKernels; False: the pipeline's dlight schedule only.
-    policy: the scheduling policy (``tvm_rammer.policies``): "rammer" (Algorithm 1, wavefront),
+    policy: the scheduling policy (``tvm_rammer.scheduling.policies``): "rammer" (Algorithm 1, wavefront),
         "ios" (IOS's dynamic-programming stage partition) or "opara" (Opara's resource-aware launch
         order); every one places rTasks with the same primitives and feeds the same codegen.
-    timeline: build the persistent kernels instrumented (``tvm_rammer.timeline``): each records
+    timeline: build the persistent kernels instrumented (``tvm_rammer.scheduling.timeline``): each records
         per rTask and barrier-rTask its vEU, SM, start and end into a per-run buffer, and ``main``
         returns ``(its outputs, (one timeline buffer per rProgram, ...))``. A separate build for
         looking inside the kernel; every choice is still made on the uninstrumented kernels.
@@ -107,7 +107,7 @@ class RammerConfig:
     check_unmeasured: when nothing is measured or read (no GPU of the target's arch, no profile
         records: ``--no-profile`` among others), every operator keeps TVM's dlight kernel, so an
         rProgram runs TVM's default kernels as rTasks; it is built only when an estimate that
-        counts occupancy and block latency (``tvm_rammer.unmeasured_check``) puts it ahead of those
+        counts occupancy and block latency (``tvm_rammer.scheduling.unmeasured_check``) puts it ahead of those
         operators as TVM's default kernels, else they stay ordinary kernels (TVM's default; a
         ``fallbacks`` entry with ``source: "estimate"``). The analytical model alone cannot see
         that an rProgram holds fewer blocks per SM than an ordinary kernel would (the H200 run of
@@ -120,7 +120,7 @@ class RammerConfig:
         awaited, its barriers), whatever its share of peak throughput; 1 us fits the H200 run
         (NASNet-CIFAR: 11,207 us for 4.8 M blocks on 528 vEUs, 1.2 us per block round).
     emulate_versions: check every rKernel version of every placeable operator against TVM's
-        default kernel on the CPU emulator (``tvm_rammer.emulator.versions``; needs g++) and never
+        default kernel on the CPU emulator (``tvm_rammer.checks.emulator.versions``; needs g++) and never
         use one that is not valid there (CLI ``--emulate`` on inspect/compile). No times: the
         choice stays measured or TVM's default. Off by default (seconds of g++ per compile).
     rkernel_functions: build each dispatch entry's rKernel body of a CUDA persistent kernel as its

@@ -1,7 +1,7 @@
 """Rammer targets: CUDA targets carrying the key "rammer".
 
 A rammer target is an ordinary TVM CUDA target whose ``keys`` start with ``"rammer"``;
-``tvm.compile(mod, target=T)`` then runs the rammer pipeline (see :mod:`tvm_rammer.pipeline`).
+``tvm.compile(mod, target=T)`` then runs the rammer pipeline (see :mod:`tvm_rammer.driver.pipeline`).
 Tags ``rammer/<tag>`` are registered for the common NVIDIA data-centre GPUs.
 """
 

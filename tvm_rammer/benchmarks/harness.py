@@ -105,7 +105,7 @@ def device_info(gpu: bool) -> dict:
         return info
     import tvm
 
-    from ..gpu import local_gpu
+    from ..host.gpu import local_gpu
 
     local = local_gpu()
     dev = local.dev
@@ -148,11 +148,11 @@ def bench_model(job: dict, emit) -> None:
     import tvm
 
     from ..config import RammerConfig
-    from ..frontend import import_onnx
+    from ..driver.frontend import import_onnx
     from ..host.packages import why_missing
     from ..models import get_model
     from ..numerics import relative_error
-    from ..runner import onnx_reference, random_inputs
+    from ..run.runner import onnx_reference, random_inputs
     from . import floor as floor_mod
     from . import systems as sysmod
 
@@ -277,7 +277,7 @@ def _tolerance_of(config: dict) -> float:
 
 def measure_device(target: str) -> dict:
     """Worker job: the device description and the peaks (measured on a GPU, nominal otherwise)."""
-    from ..gpu import gpu_available
+    from ..host.gpu import gpu_available
     from . import floor as floor_mod
 
     gpu = gpu_available()
@@ -376,7 +376,7 @@ def _run_guarded(worker_box: list, job: dict, timeout_s: float, on_event) -> str
 
 def run_bench(options: BenchOptions, progress=None) -> dict:
     """Run every model of ``options`` on every selected system; the results document."""
-    from ..gpu import gpu_available
+    from ..host.gpu import gpu_available
     from . import floor as floor_mod
     from .progress import Progress
 

@@ -218,7 +218,7 @@ def _cudart():
 
 def nimble_available() -> str:
     """'' when the executor can run here, else why not."""
-    from ..gpu import gpu_available
+    from ..host.gpu import gpu_available
 
     if not gpu_available():
         return "timing needs a GPU: none visible"

@@ -5,7 +5,7 @@
 
 For each model: the rammer pipeline up to the back end (import, SplitToSlices, legalisation,
 fusion, dlight), then the back end's rOperators and policy input (``backend.collect_operators``,
-``backend.op_graph_of``) built ONCE, and every policy of ``tvm_rammer.policies`` run on that same
+``backend.op_graph_of``) built ONCE, and every policy of ``tvm_rammer.scheduling.policies`` run on that same
 input. Each policy's rPrograms go through the invariant checker (``RProgram.validate``) before they
 are counted. Reported per policy: the sum of the rPrograms' ``predicted_us`` (the analytical model
 with ``RammerConfig(profile=False)``: launch, barriers, grid sync and per-rTask times), the number
@@ -39,12 +39,12 @@ def policy_input(model: str, target: str = "rammer/nvidia-h100", config=None, re
 
     from relay_passes.dataflow_graph import DataflowGraph
 
-    from .. import rkernels
-    from ..backend import collect_operators, make_profiler, op_graph_of
+    from ..scheduling import rkernels
+    from ..driver.backend import collect_operators, make_profiler, op_graph_of
     from ..config import RammerConfig
-    from ..frontend import import_onnx
+    from ..driver.frontend import import_onnx
     from ..models import REDUCED, get_model
-    from ..pipeline import rammer_passes
+    from ..driver.pipeline import rammer_passes
     from ..target import resolve_target
 
     config = config or RammerConfig(profile=False)
@@ -65,7 +65,7 @@ def policy_input(model: str, target: str = "rammer/nvidia-h100", config=None, re
 
 def compare_policies(inputs: dict, policies=None) -> dict:
     """policy name -> its row (module docstring) on one model's ``policy_input``."""
-    from ..policies import POLICIES
+    from ..scheduling.policies import POLICIES
 
     graph, vdevice, config = inputs["op_graph"], inputs["vdevice"], inputs["policy_config"]
     rows = {}
@@ -89,7 +89,7 @@ def _last_chains(plans, graph, config) -> dict:
     """The last-ending chain of each rProgram (``critical_path.last_chain``), summed over the
     rPrograms (they run one after another): operators, rTask rounds, barrier waits and the time
     its operators waited for a vEU, in us."""
-    from ..critical_path import last_chain, rounds_us
+    from ..scheduling.critical_path import last_chain, rounds_us
 
     total = {"operators": 0, "rtask_us": 0.0, "barrier_us": 0.0, "waiting_us": 0.0}
     for plan in plans:
@@ -138,9 +138,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     parser.add_argument("--policies", default=None, metavar="NAME,...",
                         help="only these policies (comma-separated; default: all of "
-                             "tvm_rammer.policies)")
+                             "tvm_rammer.scheduling.policies)")
     args = parser.parse_args(argv)
-    from ..policies import POLICIES
+    from ..scheduling.policies import POLICIES
 
     policies = args.policies.split(",") if args.policies else None
     unknown = [p for p in policies or () if p not in POLICIES]

@@ -6,7 +6,7 @@ Every system is compiled, counted, checked against onnxruntime and timed the sam
 * ``build``: ``relax.build`` of the lowered module to CUDA (no second pipeline run);
 * ``run``: outputs compared with onnxruntime, then the median of many runs after warm-up.
 
-Launch counting (``launches_per_inference``): ``tvm_rammer.launches.count_launches`` for the plain
+Launch counting (``launches_per_inference``): ``tvm_rammer.driver.launches.count_launches`` for the plain
 pipelines. With CUDA graphs a replay is one ``cudaGraphLaunch``, but what it runs on the GPU is
 every kernel captured in it, so a replay counts as the number of kernels captured (the kernels of
 the capture function, counted the same way) and the kernels left outside any graph count one each;
@@ -30,10 +30,10 @@ from tvm import relax
 
 from ..codegen.tvm_default import run_default
 from ..config import RammerConfig
-from ..frontend import lower as lower_rammer
+from ..driver.frontend import lower as lower_rammer
 from ..target import plain_target
-from ..launches import count_cuda_graph_launches, count_launches
-from ..pipeline import mixed_precision_passes
+from ..driver.launches import count_cuda_graph_launches, count_launches
+from ..driver.pipeline import mixed_precision_passes
 from ..target import resolve_target
 
 TVM_DEFAULT = "tvm-default"
@@ -85,7 +85,7 @@ class TVMSystem:
 
     @property
     def is_rammer(self) -> bool:
-        """The rammer pipeline (with Algorithm 1 or another policy of ``tvm_rammer.policies``)."""
+        """The rammer pipeline (with Algorithm 1 or another policy of ``tvm_rammer.scheduling.policies``)."""
         return self.name in (TVM_RAMMER,) + POLICY_SYSTEMS
 
     @property
@@ -158,7 +158,7 @@ def run_tvm(ex, inputs: list, dev, runs: int) -> tuple:
     timer = vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=0,
                               cooldown_interval_ms=0)
     result = timer(*args)
-    from ..faults import check  # a fault while timing: the time is not the model's
+    from ..codegen.faults import check  # a fault while timing: the time is not the model's
     check(vm)
     return outs, _stats([r * 1e6 for r in result.results])
 

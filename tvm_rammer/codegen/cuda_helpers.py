@@ -36,7 +36,7 @@ reaches ``n`` (acquire), like a step.
 Waits are bounded in *time*: a poll loop reads ``%globaltimer`` (nanoseconds) and gives up after
 ``timeout_ns``. The first vEU that gives up records the fault in the step array's extra words
 (:data:`STATE_WORDS` past the vEUs' steps: code, vEU, instruction, awaited vEU, awaited step,
-step reached) and, when the kernel has one, in the host-mapped fault page (``tvm_rammer.faults``:
+step reached) and, when the kernel has one, in the host-mapped fault page (``tvm_rammer.codegen.faults``:
 the same record plus the kernel's id and the rTask the barrier guarded, written with system-scope
 ordering and the code word last). Every other waiting vEU sees the code (within 8 polls) and stops
 waiting; after each barrier-rTask the whole vEU agrees (:data:`STOPPED_NAME`, ``__syncthreads_or``)
@@ -47,7 +47,7 @@ no ``__trap``.
 These are emitted with ``tvm.backend.cuda.op.cuda_func_call``, which places the source below into
 the generated ``.cu`` file once per kernel.
 
-CPU emulation (``tvm_rammer.emulator``, issue 23): every helper has a portable branch under
+CPU emulation (``tvm_rammer.checks.emulator``, issue 23): every helper has a portable branch under
 ``#ifdef RAMMER_EMULATE`` (the emulator's build defines it), so the emulator never rewrites our
 inline PTX: acquire loads / release stores / the release add are ``__atomic`` builtins
 (``rammer_emu::load_acquire``, ``store_release``, ``red_add_release``), ``%globaltimer`` is the
@@ -316,7 +316,7 @@ __device__ __noinline__ int rammer_grid_sync(int* __restrict__ page, int* __rest
     "RAMMER_GRID_GENERATION_WORD", str(GRID_GENERATION_WORD)).replace(
     "RAMMER_FAULT_GRID_TIMEOUT", str(FAULT_GRID_TIMEOUT))
 
-# --- timeline instrumentation (RammerConfig(timeline=True) only; see tvm_rammer.timeline) ----------
+# --- timeline instrumentation (RammerConfig(timeline=True) only; see tvm_rammer.scheduling.timeline) ----------
 # Per instruction of a vEU, its first thread records (start, end, SM) in ns of %globaltimer, the
 # GPU's global nanosecond timer (one clock for all SMs, so slices of different vEUs compare). The
 # end is read after the instruction's __syncthreads and before its step is published, so a waiting

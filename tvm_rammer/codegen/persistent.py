@@ -22,7 +22,7 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
 * instrumented build (``PersistentKernelSpec.timeline``, a separate kernel: the normal one has none
   of this): one more output parameter ``int64[num_instructions * 3]`` after the step state; the
   first thread of a vEU writes (start ns, end ns, SM id) of instruction ``i`` (table order) at
-  ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.timeline``).
+  ``3 * i`` (``cuda_helpers.RECORD_SOURCE``; decoded by ``tvm_rammer.scheduling.timeline``).
 * a shared-memory pool larger than 48 KB (tensor-core rTasks with large tiles) is allocated as
   dynamic shared memory ("shared.dyn"): TVM passes its size at launch and opts the kernel in.
 * ``PersistentKernelSpec.rkernel_functions`` (``RammerConfig.rkernel_functions``; CUDA only): each
@@ -30,7 +30,7 @@ The kernel is built directly in lowered TIR and goes through TVM's ordinary CUDA
   own at the end of the TIR pipeline, called from the dispatch loop (``rkernel_functions``); the
   pool is then always dynamic shared memory, which each function declares again.
 * faults: a barrier-rTask that waits past ``wait_timeout_ns`` records the fault in the step array's
-  extra words and in the module's fault page (an extra input, ``tvm_rammer.faults``), every vEU
+  extra words and in the module's fault page (an extra input, ``tvm_rammer.codegen.faults``), every vEU
   skips its remaining instructions and the kernel ends normally (``cuda_helpers``): the host then
   raises an error naming the vEU and the rTask, and the CUDA context stays usable. The prologue's
   grid barrier has the same time limit (fault 2; the vEUs that gave up skip their instructions, the
@@ -69,8 +69,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from ..rprogram import RProgram
-from ..rtask import BarrierRTask, RTask
+from ..abstractions.rprogram import RProgram
+from ..abstractions.rtask import BarrierRTask, RTask
 from tir_templates.arena import rebase
 
 from . import cuda_helpers, rkernel_functions

@@ -1,5 +1,6 @@
 """What this machine can do with tvm-rammer, and the fixes for what it cannot.
 
+- :mod:`.gpu`: the local GPU, probed once per call (is there one, which, what it identifies as);
 - :mod:`.packages`: the optional Python packages (onnxruntime, matplotlib, torch, cuda-python):
   installed or not, and the ``pip install`` that adds each.
 - :mod:`.cuda_compile`: how TVM compiles CUDA here (NVRTC or nvcc), and the fallback to nvcc that
@@ -15,4 +16,4 @@
 Nothing here imports the CLI, the pipeline or the benchmarks.
 """
 
-__all__ = ["packages", "cuda_compile", "binary_cache", "cross", "preflight", "doctor"]
+__all__ = ["gpu", "packages", "cuda_compile", "binary_cache", "cross", "preflight", "doctor"]

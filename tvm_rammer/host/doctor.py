@@ -114,7 +114,7 @@ def _nvidia_smi_gpus() -> list:
 
 def _gpu_check(default_target: str) -> tuple:
     """(the GPU check, the arch the nvcc check should look for)."""
-    from ..gpu import local_gpu
+    from .gpu import local_gpu
     from ..target import resolve_target, same_arch, target_arch
 
     default_arch = target_arch(resolve_target(default_target))

@@ -32,7 +32,7 @@ DEFAULT_TORCH_SYSTEMS = ("torch-eager", "torch-cudagraph")
 
 
 def _gpu() -> bool:
-    from ..gpu import gpu_available  # pylint: disable=import-outside-toplevel
+    from .gpu import gpu_available  # pylint: disable=import-outside-toplevel
 
     return gpu_available()
 

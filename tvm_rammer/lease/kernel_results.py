@@ -28,7 +28,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from ..gpu import DeviceId
+from ..host.gpu import DeviceId
 from ..tuning.profile_db import SHIPPED_DIR, JsonProfileDB
 from ..tuning.profiler import is_failure
 from .kernels import LEASE_KERNEL_S, SECONDS_PER_KERNEL, TIMED

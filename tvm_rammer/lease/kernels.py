@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..gpu import DeviceId
+from ..host.gpu import DeviceId
 from ..tuning.measure import BudgetSpent, KernelJob
 from ..tuning.profiler import Profiler, decisive_jobs
 
@@ -170,7 +170,7 @@ def record_jobs(model, target: str = DEFAULT_TARGET, db=None, config=None,
     phase against a :class:`RecordingDevice` and return what it would measure (see the module
     docstring); ``db`` and the shipped databases are read, never written."""
     from ..config import RammerConfig
-    from ..frontend import import_onnx, lower
+    from ..driver.frontend import import_onnx, lower
     from ..models import get_model
     from ..target import resolve_target, target_arch
 
@@ -366,7 +366,7 @@ def _build_one(mod, tgt, path: str) -> dict:
     from tir_templates import cuda_resources
 
     from ..host import cross
-    from ..resources import module_cuda_source
+    from ..codegen.resources import module_cuda_source
     from ..target import target_arch
     from ..tuning.measure import _built
 

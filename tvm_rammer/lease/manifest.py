@@ -27,7 +27,7 @@ __all__ = ["FORMAT", "TRANSFORM", "FAULT_PAGE", "raw_weights", "graph_io", "make
 
 FORMAT = "tvm-rammer-lib/1"
 TRANSFORM = "transform_params"  # relay_passes.lift_weights.TRANSFORM_NAME
-FAULT_PAGE = "rammer_fault_page"  # tvm_rammer.faults.PAGE_FUNC
+FAULT_PAGE = "rammer_fault_page"  # tvm_rammer.codegen.faults.PAGE_FUNC
 PIPELINES = ("rammer", "default")
 DEVICE_TYPES = ("cuda", "cpu")
 _REQUIRED = ("format", "library", "pipeline", "target", "arch", "device_type", "inputs",
@@ -190,8 +190,8 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
     import tvm
 
     from tvm_rammer.config import RammerConfig
-    from tvm_rammer.frontend import import_onnx, load_onnx
-    from tvm_rammer.pipeline import default_pipeline, rammer_pipeline
+    from tvm_rammer.driver.frontend import import_onnx, load_onnx
+    from tvm_rammer.driver.pipeline import default_pipeline, rammer_pipeline
     from tvm_rammer.target import plain_target, resolve_target, target_arch
 
     if pipeline not in PIPELINES:

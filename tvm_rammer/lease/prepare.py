@@ -245,7 +245,7 @@ def _build_embedded(proto, model, pipeline, config, target, base: Path, variant:
     import tvm
 
     import tvm_rammer
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.target import plain_target, resolve_target
 
     mod = import_onnx(proto)
@@ -312,8 +312,8 @@ def _write_schedules(proto, target, config, base: Path, weights_apart: bool) -> 
     buffers measured there."""
     from relay_passes.return_timelines import TIMELINE_KERNELS_ATTR
 
-    from tvm_rammer import timeline
-    from tvm_rammer.frontend import import_onnx, lower
+    from tvm_rammer.scheduling import timeline
+    from tvm_rammer.driver.frontend import import_onnx, lower
     from tvm_rammer.target import resolve_target
 
     if weights_apart:

@@ -5,7 +5,7 @@ In: ``DIR``, what ``gpu_lease.sh run`` packed (``results.jsonl``, ``raw.tar``, `
 (device, date, commit; the latency and correctness table per model; the demo; the measured vs
 predicted per-operator rTask times of the timelines; every step's status and seconds),
 ``results.json`` (the same as data) and the lease's files, ready to commit. Runs on the CPU
-machine: the timeline buffers are decoded here (``tvm_rammer.timeline``).
+machine: the timeline buffers are decoded here (``tvm_rammer.scheduling.timeline``).
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def timeline_rows(steps: list, raw: dict) -> list:
     and the per-rProgram busy / wait / idle shares, decoded from the raw buffers."""
     import numpy as np
 
-    from tvm_rammer import timeline
+    from tvm_rammer.scheduling import timeline
 
     out = []
     for step in steps:

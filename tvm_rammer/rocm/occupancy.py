@@ -17,7 +17,7 @@ AMDGPU backend wrote into the code object (``codeobject.KernelMetadata``), with 
 
 from __future__ import annotations
 
-from ..vdevice import VDevice
+from ..abstractions.vdevice import VDevice
 from .codeobject import KernelMetadata
 
 SGPRS_PER_SIMD = 800

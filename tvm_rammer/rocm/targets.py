@@ -6,7 +6,7 @@ rammer target the same way. The tags allow 1024 threads per workgroup (TVM's ``r
 256 because, without a device, its codegen marks every kernel for at most 256 threads; our build,
 ``tvm_rammer.rocm.build``, gives each kernel its real size) and wave64 (CDNA).
 
-:data:`VDEVICE_PRESETS` are per-CU limits in ``tvm_rammer.vdevice.VDevice``'s terms, with a CU for
+:data:`VDEVICE_PRESETS` are per-CU limits in ``tvm_rammer.abstractions.vdevice.VDevice``'s terms, with a CU for
 an SM and a SIMD for a register sub-partition (AMD CDNA3 ISA and CDNA2/3 white papers; LLVM's
 AMDGPU occupancy rules, ``AMDGPUBaseInfo.cpp``):
 

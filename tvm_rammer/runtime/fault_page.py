@@ -2,7 +2,7 @@
 
 In: the page's int32 words, read through a library's VM function ``rammer_fault_page``.
 Out: None (no fault) or a record dict and :class:`KernelFault` naming the kernel, the vEU and its
-instruction. The layout and the messages are ``tvm_rammer.faults``' (which needs the compiler to
+instruction. The layout and the messages are ``tvm_rammer.codegen.faults``' (which needs the compiler to
 build the page); ``tests/test_runtime_runner.py`` checks that both decode a page alike.
 
 Layout (int32, :data:`PAGE_WORDS`): 0 code (0 none, 1 a wait timed out, 2 the grid barrier timed
@@ -58,7 +58,7 @@ def describe(words) -> dict | None:
 
 
 def message(record: dict, timeout_ms: float | None = None) -> str:
-    """The error text for one fault record (the same as ``tvm_rammer.faults.message``)."""
+    """The error text for one fault record (the same as ``tvm_rammer.codegen.faults.message``)."""
     limit = f"more than {timeout_ms:g} ms" if timeout_ms else "past its time limit"
     if record["code"] == FAULT_GRID_TIMEOUT:
         return (f"tvm-rammer: persistent kernel {record['kernel']}: its grid barrier waited "

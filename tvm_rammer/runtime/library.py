@@ -97,7 +97,7 @@ class Library:
     # --- runs -------------------------------------------------------------------------------
 
     def inputs(self, seed: int = 0) -> list:
-        """Seeded inputs as NumPy arrays (``tvm_rammer.runner.random_inputs``' values)."""
+        """Seeded inputs as NumPy arrays (``tvm_rammer.run.runner.random_inputs``' values)."""
         return seeded_inputs(self.spec, seed)
 
     def _args(self, inputs) -> list:

@@ -1,7 +1,7 @@
 """Seeded inputs, onnxruntime's outputs and the error measure, as the compiler side makes them.
 
 In: a :class:`~tvm_rammer.runtime.spec.LibrarySpec` (and the ONNX model for the reference).
-Out: inputs (``tvm_rammer.runner.random_inputs``' values: one ``default_rng(seed)``, standard
+Out: inputs (``tvm_rammer.run.runner.random_inputs``' values: one ``default_rng(seed)``, standard
 normal, integers 0, in the graph's input order), onnxruntime's CPU outputs, and ``relative_error`` /
 tolerances equal to ``tvm_rammer.numerics``' (repeated here: numerics' package needs no compiler,
 but the runner imports nothing of tvm_rammer outside runtime/, models/ and lease.manifest).
@@ -13,7 +13,7 @@ import numpy as np
 
 from .spec import LibrarySpec
 
-ORT_MAX_IR_VERSION = 10  # tvm_rammer.runner's: onnxruntime 1.2x takes models up to this IR version
+ORT_MAX_IR_VERSION = 10  # tvm_rammer.run.runner's: onnxruntime 1.2x takes models up to this IR version
 MODEL_TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
 
 __all__ = ["seeded_inputs", "onnx_reference", "relative_error", "tolerance_of"]

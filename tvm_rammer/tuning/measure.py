@@ -31,7 +31,7 @@ Nothing here waits without a deadline, and no failure is left to poison what fol
 - any failure of a job in the runner (an exception, an illegal address that leaves the CUDA
   context dead, a crash, a timeout) restarts the runner, so the next job gets a fresh context;
 - a persistent kernel timed by :meth:`~CudaDevice.time_kernel` gets an empty fault page
-  (``tvm_rammer.faults``) and the page is read after its warm-up run: a barrier wait (or the
+  (``tvm_rammer.codegen.faults``) and the page is read after its warm-up run: a barrier wait (or the
   prologue's grid barrier) that timed out makes the candidate invalid (no time), instead of ~100
   timed waits of ``wait_timeout_ms``;
 - worker processes are started with a clean ``__main__`` (:func:`_clean_main`), so a user's
@@ -61,7 +61,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from ..gpu import DeviceId, LocalGPU
+from ..host.gpu import DeviceId, LocalGPU
 from ..target import target_arch, target_spec
 from ..numerics import KERNEL_TOLERANCE, relative_error, seeded_array
 
@@ -193,7 +193,7 @@ def _built(mod, target, compile_source: bool) -> tuple:
     import tvm_ffi
 
     from ..host import cuda_compile
-    from ..resources import module_cuda_source
+    from ..codegen.resources import module_cuda_source
 
     with _compiles(target) as logs:
         lib = tvm.tirx.build(mod, target)
@@ -231,7 +231,7 @@ def _resources(build, target) -> dict:
     build or nvcc fails (resources are optional)."""
     from tir_templates.cuda_resources import compile_cuda_resources
 
-    from ..resources import module_cuda_source
+    from ..codegen.resources import module_cuda_source
 
     try:
         return compile_cuda_resources(module_cuda_source(build()), target_arch(target))
@@ -258,7 +258,7 @@ def _batch_build_worker(mod_json: str, target_spec: dict, path: str, resources: 
     if resources:
         from tir_templates import cuda_resources
 
-        from ..resources import module_cuda_source
+        from ..codegen.resources import module_cuda_source
 
         try:
             found = cuda_resources.parse_ptxas_functions(logs[-1]) if logs else \
@@ -373,7 +373,7 @@ def _default_kernel_record(job: dict, lib, dev, inputs: list) -> dict:
 def _empty_fault_page(specs: list, fixed: dict) -> dict:
     """``fixed`` with an empty fault page for a persistent kernel that takes one."""
     if any(name == FAULT_PAGE_PARAM for name, _, _ in specs) and FAULT_PAGE_PARAM not in fixed:
-        from ..faults import empty_page
+        from ..codegen.faults import empty_page
 
         return {**fixed, FAULT_PAGE_PARAM: empty_page()}
     return fixed

@@ -160,24 +160,26 @@ class OperatorRecords:
     ``profiler``: the compile's ``Profiler`` (records are read from its sources, and written by it
     to its database with its device); ``target``: the compile's target; ``config``: its
     RammerConfig; ``runnable(versions)``: the versions whose rTasks fit a vEU (the back end's
-    filter, applied to what :func:`versions.kernel_versions` makes)."""
+    filter, applied to what :func:`versions.kernel_versions` makes). Handed in by the back end
+    (scheduling comes after this stage): ``vdevice``, the compile's vDevice
+    (``scheduling.rkernels.vdevice_for``; part of the key); ``predict(scheduled, lowered, config,
+    vdevice)``, a version's analytical whole-kernel time
+    (``scheduling.rkernels.predicted_version_us``; a service, in no key); ``max_versions``: the
+    versions other than dlight the profiler measures per operator (``profiler.MAX_VERSIONS``)."""
 
-    def __init__(self, profiler, target, config, runnable):
-        from ..rkernels import vdevice_for
+    def __init__(self, profiler, target, config, runnable, vdevice, predict, max_versions: int):
         from ..target import plain_target, rkernel_target
 
         self.profiler, self.config, self.runnable = profiler, config, runnable
         self.target, self.plain = rkernel_target(target, config), plain_target(target)
-        self.vdevice = vdevice_for(target, config)
+        self.vdevice, self._predict, self.max_versions = vdevice, predict, max_versions
         self.makers = makers_digest()
         self.counts = {"reused": 0, "full": 0, "deferred": 0}
 
     def predict(self, scheduled, lowered) -> float | None:
         """A version's analytical whole-kernel time as the back end predicts it for the profiler
         (``backend._predictor``; None when it cannot)."""
-        from ..rkernels import predicted_version_us
-
-        return predicted_version_us(scheduled, lowered, self.config, self.vdevice)
+        return self._predict(scheduled, lowered, self.config, self.vdevice)
 
     def default(self, unscheduled):
         """TVM's default kernel for the operator (``schedule_like_default``), or None."""
@@ -208,10 +210,8 @@ class OperatorRecords:
         ``dlight_only``: the operator is one whose other versions are not made
         (``backend._small_operators``): only the pipeline's dlight version is needed. A record
         written for such an operator (it names no other version) is used only so."""
-        from .profiler import MAX_VERSIONS
-
         try:
-            reused = self._made(name, scheduled, unscheduled, MAX_VERSIONS, dlight_only)
+            reused = self._made(name, scheduled, unscheduled, self.max_versions, dlight_only)
         except Exception as err:  # pylint: disable=broad-except  (the full path decides then)
             LOG.info("tvm-rammer: %s: operator record not used (%s: %s)", name, type(err).__name__,
                      str(err).splitlines()[0] if str(err) else "")

@@ -34,7 +34,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from ..gpu import DeviceId
+from ..host.gpu import DeviceId
 
 __all__ = ["FORMAT", "KINDS", "JsonProfileDB", "SqliteProfileDB", "open_profile_db",
            "default_cache_path", "shipped_profile_dbs", "SHIPPED_DIR"]

@@ -65,8 +65,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..gpu import DeviceId
-from ..vdevice import VDevice
+from ..host.gpu import DeviceId
+from ..abstractions.vdevice import VDevice
 from .deferred import LateVersionError, Unmade, made_func
 from .measure import BudgetSpent, KernelJob, MeasureDevice
 from .operator_record import FORMAT as OPERATOR_FORMAT, KIND as OPERATOR_KIND

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..config import RammerConfig
-from ..gpu import local_gpu
+from ..host.gpu import local_gpu
 
 __all__ = ["RPCTracker", "NO_DEVICE", "pre_schedule_module", "extract_tasks", "tune"]
 
@@ -51,7 +51,7 @@ class RPCTracker:
 
 def pre_schedule_module(mod: tvm.IRModule, target: tvm.target.Target, config: RammerConfig) -> tvm.IRModule:
     """``mod`` through the rammer pipeline's passes before dlight (the unscheduled PrimFuncs)."""
-    from ..pipeline import rammer_passes
+    from ..driver.pipeline import rammer_passes
 
     passes = []
     for pass_ in rammer_passes(target, config):
@@ -93,7 +93,7 @@ def tune(model, target, trials: int, work_dir: str, rpc: RPCTracker | None = Non
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from ..frontend import import_onnx
+    from ..driver.frontend import import_onnx
     from ..target import resolve_target
 
     if trials < 1:
