@@ -111,6 +111,25 @@ def _reference_from_file(proto: onnx.ModelProto, inputs: dict) -> list:
         return session.run(None, inputs)
 
 
+def record_errors(outputs: dict, ref, results: dict) -> None:
+    """Each pipeline's largest relative error into ``results[label]["max_rel_err"]``: against
+    ``ref`` (onnxruntime's outputs), or, when ``ref`` is None (onnxruntime not installed), against
+    TVM's default pipeline's outputs. ValueError when there is no reference (TVM's default failed
+    too: ``results["default"]["error"]`` says why) or a pipeline returned another number of
+    outputs than the reference."""
+    if ref is None:
+        if "default" not in outputs:
+            raise ValueError(f"no reference to check against: onnxruntime is not installed and "
+                             f"{results['default']['error']} (pip install onnxruntime)")
+        ref = outputs["default"]
+    for label, outs in outputs.items():
+        if len(outs) != len(ref):
+            raise ValueError(f"the {label} pipeline returned {len(outs)} outputs, the reference "
+                             f"{len(ref)}")
+        errs = [relative_error(o, r) for o, r in zip(outs, ref)]
+        results[label]["max_rel_err"] = max(errs) if errs else 0.0
+
+
 def _flatten(result) -> list:
     if isinstance(result, (list, tuple)) or type(result).__name__ == "Array":
         return [x for r in result for x in _flatten(r)]
@@ -181,14 +200,7 @@ def run_model(model, target, config: RammerConfig | None = None, runs: int = 200
             continue
         outputs[label], median = execute(ex, inputs, dev, runs)
         results[label] = {"latency_us": median}
-    if ref is None:
-        if "default" not in outputs:
-            raise ValueError(f"no reference to check against: onnxruntime is not installed and "
-                             f"{results['default']['error']} (pip install onnxruntime)")
-        ref = outputs["default"]
-    for label, outs in outputs.items():
-        errs = [relative_error(o, r) for o, r in zip(outs, ref)]
-        results[label]["max_rel_err"] = max(errs) if errs else 0.0
+    record_errors(outputs, ref, results)
     results["speedup"] = (results["default"]["latency_us"] / results["rammer"]["latency_us"]
                           if "default" in outputs else None)
     if tolerance is None:

@@ -14,8 +14,8 @@ from ...codegen.tvm_default import reason_of
 from ...config import RammerConfig
 from ...driver.frontend import load_onnx
 from ...host import packages
-from ...numerics import relative_error
-from ...run.runner import REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs
+from ...run.runner import (REFERENCE_DEFAULT, model_tolerance_of, onnx_reference, random_inputs,
+                           record_errors)
 from ...onnx_prep.shapes import bind_shapes
 from . import emulate, emulation_build
 
@@ -59,17 +59,7 @@ def run_model(model, target, config: RammerConfig | None = None, seed: int = 0,
         outputs[label] = run.outputs
         results[label] = {"emulated_wall_s": run.emulated_wall_s, "gxx_s": run.gxx_seconds,
                           "build_s": run.build_seconds, "launches": len(run.launches)}
-    if ref is None:
-        if "default" not in outputs:
-            raise ValueError(f"no reference to check against: onnxruntime is not installed and "
-                             f"{results['default']['error']} (pip install onnxruntime)")
-        ref = outputs["default"]
-    for label, outs in outputs.items():
-        if len(outs) != len(ref):
-            raise ValueError(f"the {label} pipeline returned {len(outs)} outputs, the reference "
-                             f"{len(ref)}")
-        errs = [relative_error(o, r) for o, r in zip(outs, ref)]
-        results[label]["max_rel_err"] = max(errs) if errs else 0.0
+    record_errors(outputs, ref, results)
     results["tolerance"] = model_tolerance_of(proto, config) if tolerance is None else tolerance
     results["ok"] = results["rammer"]["max_rel_err"] <= results["tolerance"]
     return results
