@@ -29,8 +29,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-__all__ = ["LiftWeightTransforms", "TRANSFORM_NAME", "lift_weight_transforms", "substitute",
-           "weight_params"]
+__all__ = ["LiftWeightTransforms", "TRANSFORM_NAME", "WeightsAsInputs", "lift_weight_transforms",
+           "substitute", "weight_params"]
 
 TRANSFORM_NAME = "transform_params"
 
@@ -41,6 +41,26 @@ def weight_params(func) -> list:
     if attrs is None or "num_input" not in attrs:
         return []
     return list(func.params[int(attrs["num_input"]):])
+
+
+@tvm.transform.module_pass(opt_level=0, name="WeightsAsInputs")
+class WeightsAsInputs:
+    """With the weights embedded (``RammerConfig(weights="embedded")``, the default), every
+    parameter of ``main`` is an input: its ``num_input`` attribute, which a Relax module made
+    elsewhere may carry (``from_onnx(keep_params_in_input=True)``, TVM's exported-program import),
+    is dropped, so that no weight rewrite treats the parameters past it as weights while nothing
+    lifts what they emit (it would run on every inference). In: any IRModule; out: the same, with
+    ``main`` as before and no ``num_input``. Runs first in the rammer pipeline's graph passes."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not any(gv.name_hint == "main" for gv in mod.get_global_vars()):
+            return mod
+        main = mod["main"]
+        if main.attrs is None or "num_input" not in main.attrs:
+            return mod
+        out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+        out["main"] = main.without_attr("num_input")
+        return out
 
 
 @relax.expr_functor.mutator
@@ -132,6 +152,10 @@ def lift_weight_transforms(mod: tvm.IRModule) -> tvm.IRModule:
         with bb.dataflow():
             for b in first:  # the earlier transform's bindings, as they were
                 remap[b.var] = bb.emit(_Substitute(remap).visit_expr(b.value), str(b.var.name))
+            if len(weights) != len(fields):
+                raise ValueError(f"{TRANSFORM_NAME} returns {len(fields)} weights but main takes "
+                                 f"{len(weights)}: a pass between two weight lifts changed main's "
+                                 f"weight parameters")
             for w, field in zip(weights, fields):  # main's weights = the earlier outputs
                 remap[w] = _Substitute(dict(remap)).visit_expr(field)
             for b in moved:

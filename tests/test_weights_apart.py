@@ -373,3 +373,23 @@ def test_initializers_listed_as_inputs_are_weights_once():
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
     got = _outputs(vm["main"](tvm.runtime.tensor(x), *weights))
     np.testing.assert_allclose(got[0], onnx_reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_module_with_num_input_compiled_embedded_keeps_every_parameter_an_input():
+    """A Relax module made elsewhere with its weights as parameters (``num_input``), compiled with
+    the weights embedded (the default): no weight rewrite emits transforms into main (nothing would
+    lift them: they would run on every inference); main takes all its parameters as before and
+    computes onnxruntime's outputs. Control: the same module with the weights apart gets the
+    transforms (a transform_params function)."""
+    model = conv_bn_model()
+    mod = import_onnx(model, weights="apart")  # main(x, *weights), num_input = 1
+    embedded = tvm.transform.Sequential(graph_passes(RammerConfig()))(mod)
+    assert "num_input" not in (embedded["main"].attrs or {})
+    assert TRANSFORM_NAME not in [gv.name_hint for gv in embedded.get_global_vars()]
+    assert len(embedded["main"].params) == len(mod["main"].params)
+    vm = relax.VirtualMachine(tvm.compile(embedded, target="llvm"), tvm.cpu())
+    feeds = random_inputs(model, seed=2)
+    got = _outputs(vm["main"](tvm.runtime.tensor(feeds["x"]), *_raw(model)))
+    np.testing.assert_allclose(got[0], run_onnxruntime(model, feeds)[0], rtol=1e-4, atol=1e-4)
+    apart = tvm.transform.Sequential(graph_passes(RammerConfig(weights="apart")))(mod)
+    assert TRANSFORM_NAME in [gv.name_hint for gv in apart.get_global_vars()]

@@ -34,7 +34,7 @@ from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.gemv_epilogue import GEMVEpilogueFusion
 from relay_passes.inference_dropout import RemoveInferenceDropout
-from relay_passes.lift_weights import LiftWeightTransforms
+from relay_passes.lift_weights import LiftWeightTransforms, WeightsAsInputs
 from relay_passes.memo_legalize import MemoLegalizeOps
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
@@ -91,6 +91,7 @@ def graph_passes(config: RammerConfig) -> list:
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
     lift = [LiftWeightTransforms()] if config.weights == "apart" else []
+    inputs_only = [] if config.weights == "apart" else [WeightsAsInputs()]  # no num_input weights
     if config.fusion and config.gemv_epilogue:
         fusion.append(GEMVEpilogueFusion(config.max_rtask_threads))  # after the groups: cell = 1 op
         fusion += lift                                 # weights apart: its interleave -> transform
@@ -98,6 +99,7 @@ def graph_passes(config: RammerConfig) -> list:
     if config.batch_shared_matmuls:
         split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
     return [
+        *inputs_only,                                  # embedded: every main parameter an input
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         *mixed_precision_passes(config),               # float16: after BN folding (in fp32), before legalizing
         SplitToSlices(),                               # one kernel per part: parts become rTasks
