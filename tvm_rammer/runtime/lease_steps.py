@@ -175,8 +175,9 @@ def steps(lease: Path, root: Path | None = None) -> list:
 def run(lease: Path, out: Path, budget_s: float = BUDGET_S, install_s: float | None = None,
         only: list | None = None) -> int:
     """Run every step of ``lease`` into ``out`` within ``budget_s`` seconds; returns 0 when every
-    step that ran finished "ok" or "skipped"."""
-    start = time.monotonic()
+    step that ran finished "ok" or "skipped". ``install_s``: the seconds the run's install took
+    before this call (``gpu_lease.sh``), counted in ``budget_s`` as ``plan`` counts it."""
+    start = time.monotonic() - (install_s or 0.0)
     lease, out = Path(lease).resolve(), Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     import tempfile
