@@ -101,6 +101,22 @@ def test_inspect_prints_a_schedule_and_the_reason(graph184, tmp_path, capsys):
     assert "Traceback" not in out + err
 
 
+@pytest.mark.parametrize("extra", [[], ["--weights-apart"]], ids=["embedded", "apart"])
+def test_compile_with_tvms_default_pipeline_says_why_in_one_line(graph184, tmp_path, capsys,
+                                                                extra):
+    """`compile --pipeline default` (TVM's default asked for by name, also with the weights apart)
+    of a model it rejects: exit 2, one line naming the dlight rule, no traceback, no file."""
+    path = tmp_path / "graph-184.onnx"
+    onnx.save(graph184, path)
+    out = tmp_path / "m.so"
+    code = cli_main(["compile", str(path), "--pipeline", "default", "--target", TARGET,
+                     "--no-profile", "-o", str(out), *extra])
+    _, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err
+    assert "TVM's default pipeline cannot compile this model: dlight's GEMV rule fails" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph-184.onnx"]
+
+
 @needs_gxx
 def test_run_emulate_checks_tvm_rammer_against_onnxruntime(graph184, fuzz_options):
     from tvm_rammer.checks.emulator import run as emulated

@@ -542,6 +542,13 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
         print(f"tvm-rammer: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # TVM's default pipeline failing where it was asked for by name
+        from .codegen.tvm_default import DefaultPipelineFailed
+        if not isinstance(err, DefaultPipelineFailed):
+            raise
+        print(f"tvm-rammer: error: TVM's default pipeline cannot compile this model: {err.reason}; "
+              f"compile it with tvm-rammer's pipeline (without --pipeline default)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -189,10 +189,11 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
 
     import tvm
 
+    from tvm_rammer.codegen.tvm_default import run_default
     from tvm_rammer.config import RammerConfig
     from tvm_rammer.driver.frontend import import_onnx, load_onnx
     from tvm_rammer.driver.pipeline import default_pipeline, rammer_pipeline
-    from tvm_rammer.target import plain_target, resolve_target, target_arch
+    from tvm_rammer.target import plain_target, resolve_target
 
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline={pipeline!r}: choose one of {PIPELINES}")
@@ -210,10 +211,26 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
     else:
         tgt = resolve_target(target)
         passes = rammer_pipeline(tgt, config)
-    with tgt:
-        lowered = passes(mod)
+    if pipeline == "default":  # TVM's default failing: one line (DefaultPipelineFailed), no traceback
+        lowered = run_default(passes, mod, tgt)
+    else:
+        with tgt:
+            lowered = passes(mod)
     ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)  # lowered already
     binary = _export(ex, out, tgt)
+    try:
+        return _write_beside(out, lowered, proto, pipeline, target, tgt, cpu, model, weights_file,
+                             binary)
+    except BaseException:
+        os.remove(out)  # the library appears with its manifest and weights, or not at all
+        raise
+
+
+def _write_beside(out, lowered, proto, pipeline, target, tgt, cpu, model, weights_file,
+                  binary) -> dict:
+    """The manifest and (when not regenerated) the raw weights beside the library ``out``."""
+    from tvm_rammer.target import target_arch
+
     names = [gv.name_hint for gv in lowered.get_global_vars()]
     main = lowered["main"]
     num_input = int(main.attrs["num_input"])
@@ -237,15 +254,9 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
 
 
 def _export(ex, out: str, target) -> bool | None:
-    """Export ``ex`` to ``out``; whether its CUDA module is a binary (None: no CUDA module, or no
-    cross helper to tell)."""
-    try:
-        from tvm_rammer.host import cross  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        cross = None
-    export = getattr(cross, "export", None)
-    if export is None or target.kind.name == "llvm":
-        ex.export_library(out)
-        return None
-    done = export(ex, out, target)
-    return {"binary": True, "source": False}.get(done.cuda)
+    """Export ``ex`` to ``out`` (written whole: ``host.cross.export``); whether its CUDA module is
+    a binary (None: no CUDA module)."""
+    from tvm_rammer.host import cross  # pylint: disable=import-outside-toplevel
+
+    done = cross.export(ex, out, target)
+    return {cross.BINARY: True, cross.SOURCE: False}.get(done.cuda)
