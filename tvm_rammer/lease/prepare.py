@@ -336,15 +336,19 @@ def _build_in_child(art: Artifact, libs: Path, timeout_s: float) -> dict:
     start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                                     os.environ.get("PYTHONPATH")])))
+    from tvm_rammer.runtime.lease_steps import kill_group  # pylint: disable=import-outside-toplevel
+
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT, env=env, start_new_session=True)  # its nvcc runs in its group
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-                              env=env, check=False)
+        stdout, stderr = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        kill_group(child)  # the child and the nvcc / linker it started
         return {"error": f"build over {timeout_s:.0f} s", "seconds": round(timeout_s, 1)}
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail) or f"exit {done.returncode}",
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if child.returncode != 0 or not lines:
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        return {"error": " | ".join(tail) or f"exit {child.returncode}",
                 "seconds": round(time.perf_counter() - start, 1)}
     return json.loads(lines[-1])
 

@@ -232,7 +232,7 @@ def _run_step(step: dict, lease: Path, work: Path, limit: float) -> dict:
             code = child.wait(timeout=limit)
             status = "ok" if code == 0 else "failed"
         except subprocess.TimeoutExpired:
-            _kill(child)
+            kill_group(child)
             status, code = "timeout", None
     recs = []
     if records.exists():
@@ -250,7 +250,8 @@ def _run_step(step: dict, lease: Path, work: Path, limit: float) -> dict:
             "estimate_s": step["estimate_s"], "records": recs}
 
 
-def _kill(child) -> None:
+def kill_group(child) -> None:
+    """Stop ``child`` (started with ``start_new_session=True``) and every process it started."""
     try:
         os.killpg(child.pid, signal.SIGTERM)
         child.wait(timeout=5)
