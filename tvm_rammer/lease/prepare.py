@@ -190,7 +190,7 @@ def build_one(art: Artifact, libs: Path) -> dict:
     target = "llvm" if art.cpu_check else art.target
     pipeline = "default" if art.cpu_check else VARIANTS[art.variant][0]
     base = libs / art.name
-    info = _build_with_helpers(proto, model, pipeline, config, target, base, art.variant)
+    info = _build_with_helpers(proto, model, pipeline, config, target, base)
     if art.variant == "timeline":
         info["files"].append(_write_schedules(proto, target, config, base, info["weights_apart"]))
     info["seconds"] = round(time.perf_counter() - start, 2)
@@ -209,101 +209,21 @@ def _config(art: Artifact):
     return replace(RammerConfig(), profile_db=str(empty), profile_budget_s=0.0, **art.config)
 
 
-def _build_with_helpers(proto, model, pipeline, config, target, base: Path, variant: str) -> dict:
-    """The library through the weights-apart build (:mod:`tvm_rammer.lease.manifest`) and the
-    cross-compiling export (:mod:`tvm_rammer.host.cross`) where they exist; else (fallback) a
-    library with the weights embedded and whatever CUDA module ``export_library`` writes, with a
-    manifest of the same format (``"transform": null``, no weights)."""
-    try:
-        from tvm_rammer.lease import manifest as manifest_mod
-    except ImportError:
-        manifest_mod = None
-    builder = getattr(manifest_mod, "build_library", None)
-    if builder is not None:
-        found = builder(proto, pipeline=pipeline, config=config, target=target,
-                        out=str(base) + ".so", model=model)
-        files = [p.name for p in (_file(base, ".so"), _file(base, ".json"))]
-        return {"files": files, "weights_apart": True, "binary": _binary_of(found),
-                "builder": "manifest.build_library"}
-    return _build_embedded(proto, model, pipeline, config, target, base, variant)
+def _build_with_helpers(proto, model, pipeline, config, target, base: Path) -> dict:
+    """The library with its weights apart (:func:`tvm_rammer.lease.manifest.build_library`: its
+    CUDA a binary for the target's arch through :mod:`tvm_rammer.host.cross`) and its manifest."""
+    from tvm_rammer.lease.manifest import build_library
+
+    found = build_library(proto, pipeline=pipeline, config=config, target=target,
+                          out=str(base) + ".so", model=model)
+    files = [p.name for p in (_file(base, ".so"), _file(base, ".json"))]
+    return {"files": files, "weights_apart": True, "binary": found["binary"],
+            "builder": "manifest.build_library"}
 
 
 def _file(base: Path, ext: str) -> Path:
     """``base`` + ``ext`` (``base`` is NAME.variant: its last dot is not a suffix)."""
     return base.parent / (base.name + ext)
-
-
-def _binary_of(found) -> bool | None:
-    if isinstance(found, dict):
-        return found.get("binary")
-    return None
-
-
-def _build_embedded(proto, model, pipeline, config, target, base: Path, variant: str) -> dict:
-    """Fallback build: ``tvm.compile`` with the weights as constants, exported; manifest written
-    here in the contract's form."""
-    import tvm
-
-    import tvm_rammer
-    from tvm_rammer.driver.frontend import import_onnx, lower
-    from tvm_rammer.target import plain_target, resolve_target
-
-    mod = import_onnx(proto)
-    if target == "llvm":
-        ex = tvm.compile(mod, target="llvm", relax_pipeline="default")
-    elif pipeline == "default":
-        ex = tvm.compile(mod, target=plain_target(target), relax_pipeline="default")
-    elif variant == "timeline":
-        rammer = resolve_target(target)
-        ex = tvm.compile(lower(mod, rammer, config), target=rammer, relax_pipeline=None)
-    else:
-        ex = tvm_rammer.compile(proto, target=target, config=config)
-    so = _file(base, ".so")
-    _export(ex, so, target)
-    _write_fallback_manifest(proto, model, pipeline, target, base)
-    return {"files": [so.name, _file(base, ".json").name], "weights_apart": False,
-            "binary": None, "builder": "embedded (fallback)"}
-
-
-def _export(ex, so: Path, target) -> None:
-    """Export through the cross helper's binary export (``tvm_rammer.host.cross.export``) where it
-    exists, else ``export_library`` (a CUDA module then stays source: the GPU host compiles it)."""
-    try:
-        from tvm_rammer.host import cross
-    except ImportError:
-        cross = None
-    export = getattr(cross, "export", None)
-    if export is not None and target != "llvm":
-        from tvm_rammer.target import resolve_target
-        export(ex, str(so), resolve_target(target))
-    else:
-        ex.export_library(str(so))
-
-
-def _write_fallback_manifest(proto, model, pipeline, target, base: Path) -> None:
-    from onnx import TensorProto, helper
-    init = {i.name for i in proto.graph.initializer}
-
-    def io(values):
-        return [{"name": v.name, "shape": [d.dim_value for d in v.type.tensor_type.shape.dim],
-                 "dtype": helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name}
-                for v in values if v.name not in init]
-
-    _ = TensorProto
-    cuda = target != "llvm"
-    arch = None
-    if cuda:
-        from tvm_rammer.target import resolve_target
-        arch = str(resolve_target(target).attrs.get("arch", "")) or None
-    manifest = {"format": "tvm-rammer-lib/1", "library": base.name + ".so", "pipeline": pipeline,
-                "target": str(target), "arch": arch, "device_type": "cuda" if cuda else "cpu",
-                "inputs": io(proto.graph.input), "raw_weights": [], "weights": [],
-                "transform": None,
-                "outputs": [{k: v for k, v in o.items() if k != "name"}
-                            for o in io(proto.graph.output)],
-                "fault_page": pipeline == "rammer", "model": model, "weights_file": None,
-                "weights_embedded": True}
-    _file(base, ".json").write_text(json.dumps(manifest, indent=1))
 
 
 def _write_schedules(proto, target, config, base: Path, weights_apart: bool) -> str:
