@@ -298,6 +298,7 @@ def test_manifest_fields_and_weights_file(libraries):
     assert manifest["pipeline"] == "default" and manifest["weights_file"] is None
     assert [w["name"] for w in manifest["raw_weights"]] == [n for n, _ in mf.raw_weights(model)]
     assert manifest["inputs"][0]["name"] == model.graph.input[0].name
+    assert manifest["tolerance"] == 1e-4  # float32's (numerics.model_tolerance), for the runner
     assert manifest["fault_page"] is False
     with_npz = mf.read_manifest(npz["manifest"])
     assert with_npz["weights_file"] == "alexnet.weights.npz" and with_npz["model"] is None

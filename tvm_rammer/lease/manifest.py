@@ -71,11 +71,14 @@ def graph_io(proto) -> tuple:
 def make_manifest(library: str, *, pipeline: str, target: str, arch: str | None,
                   device_type: str, inputs: list, raw: list, weights: list,
                   transform: str | None, outputs: list, fault_page: bool,
-                  model: dict | None = None, weights_file: str | None = None) -> dict:
+                  model: dict | None = None, weights_file: str | None = None,
+                  tolerance: float | None = None) -> dict:
     """The manifest dict (contract of issue 31). ``raw``: ``[(name, array)]`` or entries
     ``{"name", "shape", "dtype"}``; ``weights``: ``[(shape, dtype)]`` or entries, what ``main``
     takes after the inputs; ``model``: ``{"zoo", "params", "batch"}`` to regenerate the weights
-    (else ``weights_file`` names the ``.npz``). ValueError for a field out of its range."""
+    (else ``weights_file`` names the ``.npz``); ``tolerance``: the largest relative error the
+    outputs may have (the build's precision's, ``numerics.model_tolerance``), written when given.
+    ValueError for a field out of its range."""
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline={pipeline!r}: choose one of {PIPELINES}")
     if device_type not in DEVICE_TYPES:
@@ -91,7 +94,8 @@ def make_manifest(library: str, *, pipeline: str, target: str, arch: str | None,
             "target": str(target), "arch": arch, "device_type": device_type,
             "inputs": list(inputs), "raw_weights": raw_entries, "weights": weight_entries,
             "transform": transform, "outputs": list(outputs), "fault_page": bool(fault_page),
-            "model": model, "weights_file": weights_file}
+            "model": model, "weights_file": weights_file,
+            **({} if tolerance is None else {"tolerance": float(tolerance)})}
 
 
 def write_manifest(path, manifest: dict) -> Path:
@@ -220,15 +224,16 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
     binary = _export(ex, out, tgt)
     try:
         return _write_beside(out, lowered, proto, pipeline, target, tgt, cpu, model, weights_file,
-                             binary)
+                             binary, config.precision)
     except BaseException:
         os.remove(out)  # the library appears with its manifest and weights, or not at all
         raise
 
 
 def _write_beside(out, lowered, proto, pipeline, target, tgt, cpu, model, weights_file,
-                  binary) -> dict:
+                  binary, precision) -> dict:
     """The manifest and (when not regenerated) the raw weights beside the library ``out``."""
+    from tvm_rammer.numerics import model_tolerance
     from tvm_rammer.target import target_arch
 
     names = [gv.name_hint for gv in lowered.get_global_vars()]
@@ -247,7 +252,8 @@ def _write_beside(out, lowered, proto, pipeline, target, tgt, cpu, model, weight
                  for p in main.params[num_input:]],
         transform=TRANSFORM if TRANSFORM in names else None, outputs=outputs,
         fault_page=FAULT_PAGE in names, model=model,
-        weights_file=None if npz is None else os.path.basename(npz))
+        weights_file=None if npz is None else os.path.basename(npz),
+        tolerance=model_tolerance(precision, [v["dtype"] for v in inputs + outputs]))
     path = write_manifest(Path(out).with_suffix(".json"), manifest)
     return {"library": out, "manifest": str(path), "weights_file": npz, "binary": binary,
             "bytes": os.path.getsize(out), "transform": manifest["transform"]}
