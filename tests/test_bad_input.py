@@ -15,7 +15,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tvm_rammer import cli
 from tvm_rammer.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -203,19 +202,52 @@ def test_other_commands_refuse_their_bad_arguments(tmp_path, capfd, argv, says):
     assert os.listdir(tmp_path) == []
 
 
-def test_an_output_file_appears_only_complete(tmp_path):
-    target = tmp_path / "model.so"
+def test_an_output_file_appears_only_complete(tmp_path, monkeypatch):
+    """`compile -o` (``host.cross.export``) and `model -o` (``models.save_model``) write under a
+    temporary name and rename: a write that dies halfway leaves no file at all. Negative control
+    for each: the same write finishing leaves exactly the file."""
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
 
-    def fails_halfway(path):
+    from tvm_rammer.host import cross
+    from tvm_rammer.models import _save, save_model
+
+    relu = _model([helper.make_node("Relu", ["x"], ["y"])], [_value("x", [1, 4])],
+                  [_value("y", [1, 4])])
+    ex = tvm.compile(from_onnx(relu), target="llvm")
+
+    class DiesHalfway:  # what export_library does when the linker dies after writing a part
+        mod = ex.mod
+
+        def export_library(self, path, **_kwargs):
+            with open(path, "wb") as f:
+                f.write(b"half")
+            raise RuntimeError("the linker died")
+
+    out = tmp_path / "lib"
+    out.mkdir()
+    with pytest.raises(RuntimeError, match="the linker died"):
+        cross.export(DiesHalfway(), str(out / "m.so"), "llvm")
+    assert os.listdir(out) == []
+    cross.export(ex, str(out / "m.so"), "llvm")
+    assert os.listdir(out) == ["m.so"]
+
+    onnx_save = onnx.save
+
+    def save_half(model, path, **kwargs):
         with open(path, "wb") as f:
             f.write(b"half")
-        raise RuntimeError("the compiler died")
+        raise OSError("disk full")
 
-    with pytest.raises(RuntimeError):
-        cli.write_whole(str(target), fails_halfway)
-    assert os.listdir(tmp_path) == []  # negative control below: a write that finishes appears
-    cli.write_whole(str(target), lambda path: open(path, "wb").write(b"whole"))  # noqa: SIM115
-    assert os.listdir(tmp_path) == ["model.so"] and target.read_bytes() == b"whole"
+    monkeypatch.setattr(_save.onnx, "save", save_half)
+    models = tmp_path / "models"
+    models.mkdir()
+    with pytest.raises(OSError, match="disk full"):
+        save_model(relu, str(models / "m.onnx"))
+    assert os.listdir(models) == []
+    monkeypatch.setattr(_save.onnx, "save", onnx_save)
+    save_model(relu, str(models / "m.onnx"))
+    assert os.listdir(models) == ["m.onnx"] and onnx.load(str(models / "m.onnx")).graph.node
 
 
 def test_the_good_model_passes_the_same_checks(files, tmp_path, capfd):

@@ -213,21 +213,6 @@ def check_output(path: str) -> None:
         raise ValueError(f"-o {path!r} exists and is not writable")
 
 
-def write_whole(path: str, write) -> None:
-    """``write(temporary path)`` beside ``path`` (same suffix), then renamed to ``path``: the file
-    appears only complete; nothing is left behind when ``write`` fails."""
-    import os
-
-    folder, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial{os.path.splitext(name)[1]}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def cmd_compile(args) -> int:
     import time
 
