@@ -82,7 +82,13 @@ def test_a_missing_tuning_database_says_how_to_make_one(tmp_path):
 
 @pytest.mark.skipif(GPU, reason="checks the no-GPU message")
 def test_tune_without_gpu_or_rpc_fails_fast_with_a_clear_message(tmp_path, capsys):
-    code = main(["tune", str(tmp_path / "model.onnx"), "--trials", "8", "--work-dir", str(tmp_path)])
+    import onnx
+
+    from tvm_rammer.models import two_branch
+
+    model = tmp_path / "model.onnx"  # a readable model: the file is checked before the GPU
+    onnx.save(two_branch(), model)
+    code = main(["tune", str(model), "--trials", "8", "--work-dir", str(tmp_path)])
     assert code == 2
     assert NO_DEVICE in capsys.readouterr().err
     assert "--rpc-tracker HOST:PORT --rpc-key KEY" in NO_DEVICE
