@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -300,6 +301,32 @@ def test_prepare_starts_no_build_past_its_time_limit(tmp_path):
     assert lease_steps.steps(tmp_path / ".lease")[1:] == [] or all(
         not s["libraries"] for s in lease_steps.steps(tmp_path / ".lease")[1:])
     assert lines[-1].startswith("travel: ") and any("next prepare" in ln for ln in lines)
+
+
+def test_prepare_stops_a_build_in_flight_at_its_time_limit(tmp_path):
+    """The limit bounds prepare's wall time: a build still running when it is reached is stopped
+    and recorded "not built" (not a failure), so the next prepare builds it; control: the same
+    build with no limit is built."""
+    spec = lease_prepare.LeaseSpec(out=str(tmp_path / ".lease"), models=(), reduced=True,
+                                   cpu_check=True, bundle=False, kernels=False, time_limit_s=0.5)
+    index = lease_prepare.prepare(spec, log=lambda _: None)  # a child needs seconds to import TVM
+    (rec,) = index["artifacts"].values()
+    assert rec["error"].startswith("not built") and "during its build" in rec["error"]
+    index = lease_prepare.prepare(replace(spec, time_limit_s=None), log=lambda _: None)
+    (rec,) = index["artifacts"].values()
+    assert "error" not in rec and rec["files"]
+
+
+def test_prepare_builds_every_models_main_comparison_before_the_nocheck_builds():
+    arts = lease_prepare.artifacts(lease_prepare.LeaseSpec(models=("alexnet", "squeezenet")))
+    names = [a.name for a in arts]
+    last_main = max(i for i, a in enumerate(arts) if a.variant in ("rammer", "default"))
+    assert all(i > last_main for i, a in enumerate(arts) if a.variant in ("rammer_nocheck",
+                                                                            "timeline"))
+    assert sorted(names) == sorted(f"{s}.{v}" for s, vs in (
+        ("demo", ("rammer", "default")), ("alexnet", ("rammer", "rammer_nocheck", "default")),
+        ("squeezenet", ("rammer", "rammer_nocheck", "default")), ("nasnet_cifar", ("timeline",)),
+        ("resnext29", ("timeline",)), ("alexnet", ("timeline",))) for v in vs)
 
 
 def test_source_hash_ignores_the_lease_and_runtime_code_but_not_the_compiler(tmp_path):

@@ -302,11 +302,13 @@ def _function_name(entry: KernelEntry) -> str:
 
 def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
                     size_budget_mib: float | None = None,
-                    kernels_per_library: int = KERNELS_PER_LIBRARY) -> tuple:
+                    kernels_per_library: int = KERNELS_PER_LIBRARY,
+                    deadline: float | None = None) -> tuple:
     """Build ``entries`` into libraries under ``out_dir`` (whole operators per library, about
     ``kernels_per_library`` kernels each) until their total size reaches ``size_budget_mib``.
     Returns ``(libraries, kernels, left_out)``: the manifest's ``libraries`` and ``kernels`` lists
-    and how many entries were not built. An unchanged library (same name) is reused."""
+    and how many entries were not built. An unchanged library (same name) is reused; none is
+    built past ``deadline`` (a ``time.perf_counter()``)."""
     import tvm
 
     from ..target import resolve_target, target_spec
@@ -324,6 +326,8 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
         estimate = total / len(kernels) * len(chunk) if kernels else 0.0  # at this size per kernel
         if budget is not None and (budget <= 0 or total + estimate > budget):
             return libraries, kernels, sum(len(c) for c in chunks[n:])  # the next would not fit
+        if deadline is not None and time.perf_counter() > deadline:
+            return libraries, kernels, sum(len(c) for c in chunks[n:])  # prepare's time limit
         name = _library_name(chunk, spec)
         path, info_path = os.path.join(out_dir, name), os.path.join(out_dir, name + ".info.json")
         start = time.perf_counter()
@@ -417,14 +421,17 @@ def timed_keys(out_dir: str) -> dict:
 
 def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | None, db=None,
                     target: str = DEFAULT_TARGET, config=None, max_kernels: int | None = None,
-                    kernels_per_library: int = KERNELS_PER_LIBRARY) -> dict:
+                    kernels_per_library: int = KERNELS_PER_LIBRARY,
+                    deadline: float | None = None) -> dict:
     """Record, build and list the kernel versions a lease is to time (module docstring).
 
     ``models``: zoo names (full size) or ``{"zoo", "params", "batch"}``; ``out_dir``: where the
     libraries and ``kernels.json`` go (and where ``timed.json`` is read); ``size_budget_mib``: the
     libraries' total size at most (None: no limit); ``db``: the profile database whose records
     (for the target's arch) need no timing (None: the shipped ones); ``max_kernels``: at most this
-    many kernels built (what the lease's time allows). Returns the manifest (also written)."""
+    many kernels built (what the lease's time allows); ``deadline``: a ``time.perf_counter()``
+    past which no model is recorded and no library built (prepare's time limit: what is left is
+    counted in ``left_out`` and done by the next prepare). Returns the manifest (also written)."""
     from ..target import resolve_target, target_arch
 
     tgt = resolve_target(target)
@@ -436,7 +443,14 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
     if previous is not None and previous.get("inputs_key") == key and all(
             os.path.exists(os.path.join(out_dir, lib["library"])) for lib in previous["libraries"]):
         return previous  # nothing that decides the jobs changed: no recording compile again
-    recorded = [record_jobs(m, target, db, config, timed) for m in models]
+    recorded = []
+    for m in models:  # in order of value; past the deadline the rest waits for the next prepare
+        if deadline is not None and time.perf_counter() > deadline:
+            LOG.warning("tvm-rammer: kernels: prepare's time limit reached: %d of %d models "
+                        "recorded, the rest next time", len(recorded), len(models))
+            key = None  # an incomplete manifest: the next prepare records again
+            break
+        recorded.append(record_jobs(m, target, db, config, timed))
     seen, per_model = set(), []
     for rec in recorded:
         entries, value = entries_of(rec, seen)
@@ -451,8 +465,10 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
             keep.pop()
         cut, entries = entries[len(keep):], keep
     libraries, kernels, left = build_libraries(entries, tgt, out_dir, size_budget_mib,
-                                               kernels_per_library)
+                                               kernels_per_library, deadline)
     built = {k["key"] for k in kernels}
+    if deadline is not None and time.perf_counter() > deadline:
+        key = None  # cut by prepare's time limit: the next prepare goes on (built libraries reused)
     _remove_stale(out_dir, {lib["library"] for lib in libraries})
     _, device = _source_device(db, arch)
     models_doc = [{"model": rec.model, "name": rec.name, "decisive": rec.decisive,
@@ -544,14 +560,15 @@ TIMING_MODULE = "tvm_rammer.runtime.kernel_timing"
 
 def prepare(out_dir: str, target: str = DEFAULT_TARGET, budget_mib: float | None = None,
             models: Sequence = LEASE_MODELS, db=None, time_s: float = LEASE_KERNEL_S,
-            seconds_per_kernel: float = SECONDS_PER_KERNEL) -> dict:
+            seconds_per_kernel: float = SECONDS_PER_KERNEL, deadline: float | None = None) -> dict:
     """The "kernels" step of a lease (``tvm_rammer.lease.prepare``): :func:`prepare_kernels` into
     ``out_dir`` within ``budget_mib`` and as many kernels as ``time_s`` of timing allows at
     ``seconds_per_kernel``; returns the step's index entry: ``{"module", "args"}`` (run on the GPU
     host as ``python3 -m MODULE *ARGS --out DIR`` from the lease folder's parent), ``estimate_s``,
     ``kernels``, ``libraries``, ``mib``, ``left_out``, ``manifest``."""
     limit = max(1, int(time_s / max(seconds_per_kernel, 1e-6)))
-    manifest = prepare_kernels(models, out_dir, budget_mib, db, target, max_kernels=limit)
+    manifest = prepare_kernels(models, out_dir, budget_mib, db, target, max_kernels=limit,
+                               deadline=deadline)
     n = len(manifest["kernels"])
     path = Path(out_dir).resolve() / MANIFEST
     base = Path(out_dir).resolve().parent.parent  # the GPU side runs from the lease folder's parent
