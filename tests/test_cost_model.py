@@ -2,7 +2,7 @@
 from the L2 cache (a weight an earlier operator already read, when the re-read weights fit)."""
 import numpy as np
 import pytest
-from tvm import relax, te
+from tvm import relax, te, tirx
 
 from relay_passes.dataflow_graph import DataflowGraph
 from tvm_rammer.scheduling.cost_model import CostModelConfig, rtask_time_us
@@ -44,12 +44,55 @@ def test_whole_tensors_where_every_element_is_read():
     assert flops_and_bytes(func) == (2 * 16 * 8 * 32, float((16 * 32 + 32 * 8 + 16 * 8) * 4))
 
 
-def test_regions_that_cannot_be_bounded_count_whole():
-    """A gather through an index tensor: the read region of x depends on data, so all of x."""
+def test_a_gather_reads_the_rows_it_indexes_not_its_table():
+    """A gather through an index tensor: the read region of x depends on data; each of the 4
+    iterations reads one element of x, so 4 elements (not the 64 of x), the index and the output
+    whole."""
     x = te.placeholder((64,), name="x")
     idx = te.placeholder((4,), "int32", name="idx")
     out = te.compute((4,), lambda i: x[idx[i]], name="out")
-    assert param_bytes(prim(x, idx, out)) == [64 * 4, 4 * 4, 4 * 4]
+    assert param_bytes(prim(x, idx, out)) == [4 * 4, 4 * 4, 4 * 4]
+
+
+def _take(rows, cols, tokens):
+    """Relax ``take(table[rows, cols], ids[1, tokens], axis=0)`` as LegalizeOps writes it (the
+    PrimFunc ONNX's Gather becomes)."""
+    bb = relax.BlockBuilder()
+    table = relax.Var("table", relax.TensorType([rows, cols], "float32"))
+    ids = relax.Var("ids", relax.TensorType([1, tokens], "int64"))
+    with bb.function("main", [table, ids]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.take(table, ids, axis=0)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    return func
+
+
+def test_take_of_one_token_reads_one_row_of_the_embedding():
+    """GPT-2's token embedding: one row of a 50257 x 768 fp32 table per token. By hand: 768 x 4 =
+    3,072 bytes of the table per token (not 50257 x 768 x 4 = 154.4 MB), 8 bytes of the int64 id
+    per token, 3,072 bytes of output per token; three tokens read three rows."""
+    assert param_bytes(_take(50257, 768, 1)) == [3072, 8, 3072]
+    assert param_bytes(_take(50257, 768, 3)) == [3 * 3072, 3 * 8, 3 * 3072]
+    # the sum the analytical model charges (flops_and_bytes): 6,152 bytes, not 154 MB
+    assert flops_and_bytes(_take(50257, 768, 1))[1] == 3072 + 8 + 3072
+
+
+def test_indirect_reads_are_capped_at_the_table():
+    """More iterations than the table has rows (16 tokens of a 4-row table): the whole table,
+    never more (4 x 8 x 4 = 128 bytes, not 16 x 8 x 4)."""
+    assert param_bytes(_take(4, 8, 16)) == [4 * 8 * 4, 16 * 8, 16 * 8 * 4]
+
+
+def test_a_direct_read_is_unchanged_by_the_indirect_rule():
+    """Control: the same shapes read through an affine index (row 3, a slice) cost the bounding box,
+    and a whole-table read the whole table, as before."""
+    x = te.placeholder((50257, 768), name="x")
+    row = te.compute((1, 768), lambda i, j: x[3 + i, j], name="row")
+    assert param_bytes(prim(x, row)) == [3072, 3072]
+    total = te.compute((50257, 768), lambda i, j: x[i, j] * 2.0, name="twice")
+    assert param_bytes(prim(x, total)) == [50257 * 768 * 4, 50257 * 768 * 4]
 
 
 def test_l2_bytes_take_the_l2_bandwidth():

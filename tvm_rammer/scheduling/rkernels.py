@@ -61,50 +61,112 @@ def _tensor_bytes(param) -> int:
     return math.prod(int(d) for d in ty.shape) * tvm.runtime.DataType(str(ty.dtype)).bits // 8
 
 
+_LOAD = tvm.ir.expr.TensorLoad  # the class tirx.BufferLoad(...) builds
+
+
+def _loads_and_vars(exprs) -> tuple:
+    """(whether ``exprs`` read a buffer, i.e. are data dependent; the handles of the variables in
+    them, those inside the loads included)."""
+    loads, names = [], set()
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, [(_LOAD, loads.append),
+                                       (tvm.tirx.Var, lambda v: names.add(v.__hash__()))])
+    return bool(loads), names
+
+
+def _indirect_elements(region, extent_of: dict) -> int | None:
+    """Elements that all iterations of a block read or write through a region whose index is data
+    dependent (a gather ``x[idx[i], j]``): one iteration's region (each data-dependent dimension
+    counted as extent 1, every other dimension its region extent) times the iterations of the
+    block variables the region's indices use (those inside the index loads included: ``i`` and
+    ``j`` above, not a reduction variable the region does not name, whose iterations re-read the
+    same elements). None when an extent is not a constant."""
+    per_iteration = 1
+    for r in region.region:
+        dependent, _ = _loads_and_vars([r.min, r.extent])
+        if dependent:
+            continue  # one index value per iteration: extent 1
+        if not isinstance(r.extent, tvm.tirx.IntImm):
+            return None
+        per_iteration *= int(r.extent)
+    _, used = _loads_and_vars([e for r in region.region for e in (r.min, r.extent)])
+    iterations = 1
+    for handle in used:
+        if handle in extent_of:
+            if extent_of[handle] is None:
+                return None
+            iterations *= extent_of[handle]
+    return per_iteration * iterations
+
+
 def _accessed_boxes(func: tvm.tirx.PrimFunc) -> dict:
     """param -> per-dimension ``(lo, hi)`` bounding box of every region the PrimFunc's blocks read
     or write in it, each region relaxed over its block's iteration domain; None for a parameter
-    whose regions cannot be bounded by constants (or that no block names)."""
+    some of whose regions cannot be bounded by constants (an indirect index among them), or that
+    no block names (:func:`_accessed`)."""
+    return {p: (box if indirect == 0 else None) for p, (box, indirect) in _accessed(func).items()}
+
+
+def _accessed(func: tvm.tirx.PrimFunc) -> dict:
+    """param -> ``(box, indirect)``: ``box`` the per-dimension ``(lo, hi)`` bounding box of every
+    region the PrimFunc's blocks read or write in it directly (an affine index), each region
+    relaxed over its block's iteration domain, or None where no block names it that way;
+    ``indirect`` the elements accessed through regions whose index is data dependent
+    (:func:`_indirect_elements`, summed over such regions), or None for a parameter one of whose
+    regions cannot be bounded at all (then it is charged whole)."""
     boxes = {p: None for p in func.params}
-    unbounded = set()
+    indirect = {p: 0 for p in func.params}
     blocks = []
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, blocks.append)])
     analyzer = sym.Analyzer()
     for block in blocks:
         dom = {iv.var: sym.IntervalSet(iv.dom.min, iv.dom.min + iv.dom.extent - 1)
                for iv in block.iter_vars}
+        extent_of = {iv.var.__hash__(): (int(iv.dom.extent)
+                                         if isinstance(iv.dom.extent, tvm.tirx.IntImm) else None)
+                     for iv in block.iter_vars}
         for region in [*block.reads, *block.writes]:
             param = region.source
-            if param not in boxes or param in unbounded:
+            if param not in boxes or indirect[param] is None:
+                continue
+            if _loads_and_vars([e for r in region.region for e in (r.min, r.extent)])[0]:
+                found = _indirect_elements(region, extent_of)
+                indirect[param] = None if found is None else indirect[param] + found
                 continue
             box = []
             for r in region.region:
                 lo = analyzer.int_set(r.min, dom).min_value
                 hi = analyzer.int_set(r.min + r.extent - 1, dom).max_value
                 if not (isinstance(lo, tvm.tirx.IntImm) and isinstance(hi, tvm.tirx.IntImm)):
-                    unbounded.add(param)
+                    indirect[param] = None
                     break
                 box.append((int(lo), int(hi)))
             else:
                 old = boxes[param]
                 boxes[param] = box if old is None else [
                     (min(a, c), max(b, d)) for (a, b), (c, d) in zip(old, box)]
-    return {p: (None if p in unbounded else box) for p, box in boxes.items()}
+    return {p: ((None, None) if indirect[p] is None else (boxes[p], indirect[p]))
+            for p in func.params}
 
 
 def param_bytes(func: tvm.tirx.PrimFunc) -> list:
-    """Bytes of each parameter the PrimFunc reads or writes: the bounding box of the regions its
-    blocks access (a strided slice reads one row of its input, not the input), at most the whole
-    parameter; the whole parameter where the regions cannot be bounded."""
+    """Bytes of each parameter the PrimFunc reads or writes, at most the whole parameter: the
+    bounding box of the regions its blocks access directly (a strided slice reads one row of its
+    input, not the input) plus, for regions whose index is data dependent (a Gather / ``take``
+    reads one row of its table per token), one block iteration's region times the iterations
+    (:func:`_indirect_elements`); the whole parameter where a region cannot be bounded (a
+    symbolic extent) or no block names it."""
     out = []
-    for param, box in _accessed_boxes(func).items():
+    for param, (box, indirect) in _accessed(func).items():
         whole = _tensor_bytes(param)
         shape = [int(d) for d in param.ty.shape]
-        if box is None or len(box) != len(shape):
+        if indirect is None or (box is None and not indirect) or (
+                box is not None and len(box) != len(shape)):
             out.append(whole)
             continue
-        elements = math.prod(max(0, min(hi, n - 1) - max(lo, 0) + 1)
-                             for (lo, hi), n in zip(box, shape))
+        elements = 0 if box is None else math.prod(
+            max(0, min(hi, n - 1) - max(lo, 0) + 1) for (lo, hi), n in zip(box, shape))
+        elements += indirect
         out.append(min(whole, elements * tvm.runtime.DataType(str(param.ty.dtype)).bits // 8))
     return out
 
