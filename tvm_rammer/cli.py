@@ -285,10 +285,18 @@ def _write_timeline(out: str, timelines, title: str) -> None:
           file=sys.stderr)
 
 
+def _bench_floor(mod, target) -> dict:
+    """``bench``'s floor of an imported model (benchmarks.floor, the target's nominal peaks: inspect
+    needs no GPU), handed in to ``inspect`` (a later stage than views)."""
+    from .benchmarks import floor
+    peaks = floor.nominal_peaks(target)
+    return {**floor.floor(floor.op_costs(mod), peaks), "peaks": peaks.source}
+
+
 def cmd_inspect(args) -> int:
     from .views import inspection
     summary, lowered = _timed(args, lambda extra: inspection.inspect_lowered(
-        args.model, args.target, _config(args), timings=extra))
+        args.model, args.target, _config(args), timings=extra, floor_of=_bench_floor))
     timelines = None
     if args.timeline:
         from .scheduling.timeline import predict_all, schedules_of
@@ -352,6 +360,25 @@ def cmd_demo(args) -> int:
     from .checks.emulator import run as emulated
     from .run import runner
     return runner.demo(args.target, _config(args), branches=args.branches, emulate=emulated.demo)
+
+
+def cmd_generate(args) -> int:
+    """``generate``: greedy decoding with the decode step (tvm_rammer.run.generate); --emulate hands
+    in the CPU emulator's step (checks.emulator.generate)."""
+    from .codegen import faults
+    from .checks.emulator import generate as emulated
+    from .checks.emulator.errors import EmulatorError
+    from .run import generate
+
+    try:
+        result = generate.generate(args.model, args.tokens, args.target, _config(args),
+                                   prompt_token=args.prompt_token, name=_model_name(args),
+                                   emulate=emulated.emulated_step if args.emulate else None)
+    except (faults.KernelFault, EmulatorError) as err:  # a fault, a deadlock, a failed build
+        print(f"tvm-rammer: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1) if args.json else generate.format_result(result))
+    return 0 if result["ok"] else 1
 
 
 def cmd_model(args) -> int:
@@ -489,6 +516,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branches", type=_positive_int, default=16,
                    help="parallel GEMV branches of the demo model (default: %(default)s)")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("generate", help="greedy decoding with a decode-step model (gpt2_decode, "
+                                        "llama_decode), every step checked against onnxruntime")
+    _add_common(p)
+    p.add_argument("--tokens", type=int, required=True, metavar="N",
+                   help="decode steps (1 to the caches' max_len)")
+    p.add_argument("--prompt-token", type=int, default=0, metavar="ID",
+                   help="the token fed at position 0 (default: %(default)s)")
+    p.add_argument("--emulate", action="store_true",
+                   help="run the decode step on the CPU emulator instead of a GPU (needs a C++ "
+                        "compiler; reports emulated wall seconds, not GPU latencies)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_generate)
     from .models import MODELS
     p = sub.add_parser("model", help="write a bundled model (tvm_rammer.models) as ONNX",
                        epilog=_model_list(), formatter_class=argparse.RawDescriptionHelpFormatter)

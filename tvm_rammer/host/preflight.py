@@ -4,8 +4,8 @@
 ValueError naming the fix (the CLI prints it and exits 2); a missing optional package returns a
 warning saying what the command skips, and the command then skips it:
 
-- ``compile``, ``run``, ``demo``, ``bench``, ``tune``, ``fuzz --gpu`` where TVM compiles CUDA (a
-  GPU host): a CUDA compiler (NVRTC or nvcc, ``host.cuda_compile``), else an error;
+- ``compile``, ``run``, ``demo``, ``bench``, ``tune``, ``generate``, ``fuzz --gpu`` where TVM
+  compiles CUDA (a GPU host): a CUDA compiler (NVRTC or nvcc, ``host.cuda_compile``), else an error;
 - ``fuzz --gpu``: onnxruntime (the comparison is the point), else an error;
 - ``--emulate``: a C++ compiler, else an error;
 - ``bench`` on a GPU: onnxruntime (every system's outputs are checked against it before they are
@@ -25,7 +25,7 @@ from . import cuda_compile, packages
 
 __all__ = ["check", "BUILDS_CUDA"]
 
-BUILDS_CUDA = ("compile", "run", "demo", "bench", "tune")
+BUILDS_CUDA = ("compile", "run", "demo", "bench", "tune", "generate")
 # bench's PyTorch systems run by default (benchmarks.systems.TORCH_SYSTEMS; not imported here: the
 # host checks import nothing of the pipeline or the benchmarks)
 DEFAULT_TORCH_SYSTEMS = ("torch-eager", "torch-cudagraph")

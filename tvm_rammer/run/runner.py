@@ -69,30 +69,49 @@ REFERENCE_IN_MEMORY_BELOW = 1_800_000_000
 
 def onnx_reference(proto: onnx.ModelProto, inputs: dict) -> list:
     """Outputs of onnxruntime's CPU provider."""
+    return reference_session(proto)(inputs)
+
+
+def reference_session(proto: onnx.ModelProto):
+    """``run(feeds) -> outputs``: onnxruntime's CPU session of ``proto``, made once (``generate``
+    runs it once per token). A model onnxruntime cannot load or run: ValueError in one line."""
     import onnxruntime as ort
 
-    if sum(t.ByteSize() for t in proto.graph.initializer) > REFERENCE_IN_MEMORY_BELOW:
-        return _reference_from_file(proto, inputs)
-    model = onnx.ModelProto.FromString(proto.SerializeToString())
-    model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # its C++ errors come back as one line below, not on stderr
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
-        return session.run(None, inputs)
+        if sum(t.ByteSize() for t in proto.graph.initializer) > REFERENCE_IN_MEMORY_BELOW:
+            session = _reference_from_file(proto)
+        else:
+            model = onnx.ModelProto.FromString(proto.SerializeToString())
+            model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
+            options = ort.SessionOptions()
+            options.log_severity_level = 4  # its C++ errors come back as one line below
+            session = ort.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
-        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-        why = lines[0] if lines else type(err).__name__
-        why = why.split(" : ", 3)[-1] if why.startswith("[ONNXRuntimeError]") else why
-        raise ValueError(f"onnxruntime cannot run this model, so there is no reference to check "
-                         f"against ({why[:300]}); check the model with onnx.checker, or use "
-                         "`tvm-rammer inspect` to see its schedule") from None
+        raise _reference_error(err) from None
+
+    def run(inputs: dict) -> list:
+        try:
+            return session.run(None, inputs)
+        except Exception as err:  # noqa: BLE001  (onnxruntime's own error types)
+            raise _reference_error(err) from None
+
+    return run
 
 
-def _reference_from_file(proto: onnx.ModelProto, inputs: dict) -> list:
-    """onnx_reference of a large model: written to a temporary folder with its weights as
-    external data (``models.save_model``), and onnxruntime's session made from that file."""
+def _reference_error(err: Exception) -> ValueError:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    why = lines[0] if lines else type(err).__name__
+    why = why.split(" : ", 3)[-1] if why.startswith("[ONNXRuntimeError]") else why
+    return ValueError(f"onnxruntime cannot run this model, so there is no reference to check "
+                      f"against ({why[:300]}); check the model with onnx.checker, or use "
+                      "`tvm-rammer inspect` to see its schedule")
+
+
+def _reference_from_file(proto: onnx.ModelProto):
+    """onnxruntime's session of a large model: written to a temporary folder with its weights as
+    external data (``models.save_model``), and the session made from that file (it holds the
+    weights itself once made)."""
     import os
     import tempfile
 
@@ -107,8 +126,7 @@ def _reference_from_file(proto: onnx.ModelProto, inputs: dict) -> list:
         path = os.path.join(folder, "model.onnx")
         save_model(model, path, external_data=True)
         del model
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        return session.run(None, inputs)
+        return ort.InferenceSession(path, providers=["CPUExecutionProvider"])
 
 
 def record_errors(outputs: dict, ref, results: dict) -> None:

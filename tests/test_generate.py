@@ -1,0 +1,158 @@
+"""``tvm-rammer generate`` (issue 34, item 3): greedy decoding with a compiled decode step.
+
+The reduced gpt2_decode runs 8 tokens on the CPU emulator, the step compiled once; every step's
+logits match onnxruntime's (its caches threaded through its own outputs) and the tokens are the
+greedy tokens of an independent onnxruntime loop written here. Negative control: feeding the empty
+caches to every step instead of the returned ones is detected from the second step on. Bad input
+(a model of another form, tokens out of range, no GPU without --emulate) is one line, exit 2.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from tvm_rammer.cli import main
+from tvm_rammer.models import REDUCED, get_model, save_model
+from tvm_rammer.run import generate
+
+ort = pytest.importorskip("onnxruntime")
+needs_cxx = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
+                               reason="the emulator builds kernels with a C++ compiler")
+SMALL = ["--num-sms", "2", "--veus-per-sm", "2", "--no-profile"]  # a small vDevice: fast emulation
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+
+
+@pytest.fixture(scope="module")
+def gpt2_path(gpt2, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("generate") / "gpt2.onnx")
+    save_model(gpt2, path)
+    return path
+
+
+def _ort_greedy(model, tokens, prompt=0):
+    """onnxruntime's greedy tokens, written apart from run.generate: empty caches, the caches of
+    step i are step i-1's outputs."""
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    caches = {v.name: np.zeros([d.dim_value for d in v.type.tensor_type.shape.dim], np.float32)
+              for v in model.graph.input[2:]}
+    out_names = [o.name for o in model.graph.output]
+    token, found = prompt, [prompt]
+    for position in range(tokens):
+        outs = sess.run(None, {"input_ids": np.array([[token]], np.int64),
+                               "position": np.array([position], np.int64), **caches})
+        token = int(outs[0][0, -1].argmax())
+        found.append(token)
+        caches = {name.replace("present", "past"): o for name, o in zip(out_names[1:], outs[1:])}
+    return found
+
+
+def test_signature_of_the_zoo_decoders(gpt2):
+    sig = generate.decode_signature(gpt2)
+    assert (sig.batch, sig.vocab, sig.max_len, sig.cache_dtype) == (1, 96, 16, "float32")
+    assert sig.cache_inputs == ("past_key_0", "past_value_0", "past_key_1", "past_value_1")
+    assert sig.cache_outputs[0] == "present_key_0" and sig.cache_shapes[0] == (1, 4, 16, 16)
+    llama = generate.decode_signature(get_model("llama_decode", **REDUCED["llama_decode"]))
+    assert llama.cache_shapes[0] == (1, 2, 16, 16) and len(llama.cache_inputs) == 4
+
+
+@needs_cxx
+def test_generate_on_the_emulator_matches_onnxruntime_at_every_step(gpt2, gpt2_path, capsys):
+    """8 tokens, the reduced GPT-2 compiled once: every step's logits within float32's 1e-4 of
+    onnxruntime's, the last caches too, and the tokens onnxruntime's greedy ones."""
+    assert main(["generate", gpt2_path, "--tokens", "8", "--emulate", "--json", *SMALL]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["device"] == "emulator" and result["ok"]
+    assert len(result["step_rel_err"]) == 8 and max(result["step_rel_err"]) <= 1e-4
+    assert result["cache_rel_err"] <= 1e-4 and result["tolerance"] == 1e-4
+    assert [t[0] for t in result["tokens"]] == _ort_greedy(gpt2, 8)
+    assert len(set(t[0] for t in result["tokens"])) > 1  # not one token repeated (a dead model)
+    assert len(result["step_s"]) == 8 and "not GPU times" in result["times"]
+
+
+@needs_cxx
+def test_the_check_detects_caches_not_threaded(gpt2):
+    """Negative control: the same emulated step fed the empty caches at every step. Step 0 (empty
+    caches either way) still matches; from step 1 on the logits are not onnxruntime's threaded
+    ones, and the check says so; threaded, the same step matches (the control's control)."""
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks.emulator.generate import emulated_step
+
+    sig = generate.decode_signature(gpt2)
+    step = emulated_step(gpt2, "rammer/nvidia-h100", RammerConfig(num_sms=2, veus_per_sm=2,
+                                                                   profile=False))
+    for thread, ok in ((False, False), (True, True)):
+        found = generate.decode(step, sig, 3, thread_caches=thread)
+        ref = generate.reference_logits(gpt2, sig, found["tokens"])
+        verdict = generate.check(found, ref, 1e-4)
+        assert verdict["ok"] is ok, verdict
+        assert verdict["step_rel_err"][0] <= 1e-4
+        if not ok:
+            assert verdict["first_bad_step"] == 1 and verdict["step_rel_err"][1] > 1e-2
+            text = generate.format_result({"device": "emulator", "tokens": found["tokens"],
+                                           "median_step_s": 0.0, "step_s": found["step_s"],
+                                           **verdict})
+            assert "MISMATCH: logits differ from step 1" in text
+    assert len(step.runs) == 6  # one build, one emulator run per step
+
+
+def test_a_model_of_another_form_is_one_line(tmp_path, capsys):
+    path = str(tmp_path / "b.onnx")
+    save_model(get_model("branches", **REDUCED["branches"]), path)
+    assert main(["generate", path, "--tokens", "2", "--emulate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not a decode step: its inputs are 'input'" in err
+    assert "input_ids int64 [B, 1], position int64 [1]" in err
+
+
+def test_a_decode_step_without_its_cache_outputs_is_refused(gpt2):
+    broken = onnx.ModelProto()
+    broken.CopyFrom(gpt2)
+    del broken.graph.output[-1]
+    with pytest.raises(ValueError, match=r"^the model is not a decode step: it has 4 caches and "
+                                         r"4 outputs \(logits, then one updated cache"):
+        generate.decode_signature(broken)
+    swapped = onnx.ModelProto()
+    swapped.CopyFrom(gpt2)
+    swapped.graph.output[0].CopyFrom(gpt2.graph.output[1])
+    with pytest.raises(ValueError, match=r"its first output is 'present_key_0' float32 "
+                                         r"\[1, 4, 16, 16\], not the logits"):
+        generate.decode_signature(swapped)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tokens", "0"], "--tokens 0: the model's caches hold max_len=16 positions, so generate 1 "
+                        "to 16 tokens"),
+    (["--tokens", "17"], "--tokens 17: the model's caches hold max_len=16"),
+    (["--tokens", "4", "--prompt-token", "96"], "--prompt-token 96: the model's vocabulary has 96 "
+                                                "tokens, give an id from 0 to 95"),
+])
+def test_bad_tokens_are_one_line(gpt2_path, capsys, flags, message):
+    assert main(["generate", gpt2_path, "--emulate", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+
+
+def test_without_a_gpu_it_says_to_pass_emulate(gpt2_path, capsys, monkeypatch):
+    monkeypatch.setattr(generate, "gpu_available", lambda: False)
+    assert main(["generate", gpt2_path, "--tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("tvm-rammer: error: no CUDA GPU is visible: pass --emulate to generate on the "
+                   "CPU emulator (slow, checked the same way)")
+
+
+@pytest.mark.gpu
+def test_generate_on_the_gpu_keeps_the_caches_on_the_device(gpt2_path, gpt2, capsys):
+    """On a GPU: the caches the step returns are device tensors fed back as they are; the tokens
+    are onnxruntime's greedy ones and the per-token latency is reported."""
+    assert main(["generate", gpt2_path, "--tokens", "8", "--json", "--no-profile"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] and max(result["step_rel_err"]) <= 1e-4
+    assert [t[0] for t in result["tokens"]] == _ort_greedy(gpt2, 8)
+    assert result["median_token_us"] > 0 and len(result["token_us"]) == 8
