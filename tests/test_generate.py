@@ -95,9 +95,8 @@ def test_the_check_detects_caches_not_threaded(gpt2):
         assert verdict["step_rel_err"][0] <= 1e-4
         if not ok:
             assert verdict["first_bad_step"] == 1 and verdict["step_rel_err"][1] > 1e-2
-            text = generate.format_result({"device": "emulator", "tokens": found["tokens"],
-                                           "median_step_s": 0.0, "step_s": found["step_s"],
-                                           **verdict})
+            text = generate.format_result(generate.result_of(found, ref, 1e-4, "emulator",
+                                                             on_gpu=False))
             assert "MISMATCH: logits differ from step 1" in text
     assert len(step.runs) == 6  # one build, one emulator run per step
 
@@ -156,3 +155,10 @@ def test_generate_on_the_gpu_keeps_the_caches_on_the_device(gpt2_path, gpt2, cap
     assert result["ok"] and max(result["step_rel_err"]) <= 1e-4
     assert [t[0] for t in result["tokens"]] == _ort_greedy(gpt2, 8)
     assert result["median_token_us"] > 0 and len(result["token_us"]) == 8
+    from tvm_rammer import RammerConfig
+
+    sig = generate.decode_signature(gpt2)
+    step = generate._gpu_step(gpt2, "rammer/nvidia-h100", RammerConfig(profile=False))
+    logits, caches = step.step(sig.feeds(np.zeros(1), 0), step.place(sig.zero_caches()))
+    assert isinstance(logits, np.ndarray) and logits.shape == (1, 1, 96)
+    assert all(not isinstance(c, np.ndarray) and "cuda" in str(c.device) for c in caches)

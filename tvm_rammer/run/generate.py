@@ -32,7 +32,8 @@ from ..numerics import relative_error
 from .runner import model_tolerance_of, reference_session
 
 __all__ = ["DecodeSignature", "decode_signature", "DecodeStep", "GPUStep", "decode",
-           "reference_logits", "check_tokens", "generate", "format_result", "WARMUP_STEPS"]
+           "reference_logits", "check", "check_tokens", "generate", "result_of", "format_result",
+           "WARMUP_STEPS"]
 
 WARMUP_STEPS = 3  # GPU steps run (on caches of their own) before the timed generation
 FORM = ("a decode step takes input_ids int64 [B, 1], position int64 [1], then the caches, and "
@@ -283,9 +284,15 @@ def generate(model, tokens: int, target, config: RammerConfig | None = None,
         decode(step, sig, min(WARMUP_STEPS, sig.max_len), prompt_token)
     found = decode(step, sig, tokens, prompt_token)
     ref = reference_logits(proto, sig, found["tokens"])
-    result = {"device": step.device, "model": proto.graph.name, "batch": sig.batch,
-              "tokens": found["tokens"], "prompt_token": prompt_token,
-              **check(found, ref, model_tolerance_of(proto, config))}
+    return {"model": proto.graph.name, "batch": sig.batch, "prompt_token": prompt_token,
+            **result_of(found, ref, model_tolerance_of(proto, config), step.device, on_gpu)}
+
+
+def result_of(found: dict, ref: dict, tolerance: float, device: str, on_gpu: bool) -> dict:
+    """What ``generate`` reports of :func:`decode`'s ``found`` and :func:`reference_logits`'
+    ``ref``: ``device``, ``tokens``, :func:`check`'s keys, and the step times: on a GPU
+    ``median_token_us`` and ``token_us``; else (the emulator) ``median_step_s`` and ``step_s``."""
+    result = {"device": device, "tokens": found["tokens"], **check(found, ref, tolerance)}
     median = statistics.median(found["step_s"])
     if on_gpu:
         result["median_token_us"] = median * 1e6
