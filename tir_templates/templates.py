@@ -32,6 +32,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 
+from .decode_attention import schedule_of as decode_attention_versions
+
 __all__ = ["Template", "operator_kind", "schedule_spatial", "schedule_cross_thread",
            "schedule_tiled_matmul", "fast_schedules", "template_schedules"]
 
@@ -280,6 +282,9 @@ def template_schedules(func: tirx.PrimFunc, target=None) -> list[Template]:
     """Every template variant that applies to ``func`` (its unscheduled PrimFunc), by operator kind:
     the tiled ones first (:func:`fast_schedules`; ``target`` enables the tensor-core ones); the
     naive spatial one for a convolution only when nothing tiled applies."""
+    own = decode_attention_versions(func)  # the split decode attention's own variants
+    if own:
+        return [Template(name, f.with_attr("tirx.is_scheduled", True)) for name, f in own]
     kind = operator_kind(func)
     if kind is None:
         return []

@@ -30,6 +30,7 @@ from tvm import relax
 
 from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
+from relay_passes.decode_attention import DecodeAttentionSplit
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.gemv_epilogue import GEMVEpilogueFusion
@@ -40,6 +41,7 @@ from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
 from relay_passes.split_tail_fusion import SplitTailFusion
 from relay_passes.split_to_slices import SplitToSlices
+from tir_templates.decode_attention import DecodeAttentionRule
 from tir_templates.default_schedule import default_schedule_pass
 from tir_templates.exact_pow import ExactPowers
 from tir_templates.gemv_epilogue import GEMVEpilogue
@@ -74,7 +76,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *graph_passes(config),                         # rewrites and groups, to FuseTIR
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
-                     default_schedule_pass(GEMVEpilogue())),
+                     default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule())),
         _with_target(target, RammerBackend(config, profiler, started)),  # versions, policy, kernels
         *([LiftWeightTransforms()] if config.weights == "apart" else []),  # blobs packed once
         *timeline,                                     # after the rewrite: main returns the buffers
@@ -102,6 +104,7 @@ def graph_passes(config: RammerConfig) -> list:
         *inputs_only,                                  # embedded: every main parameter an input
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         *mixed_precision_passes(config),               # float16: after BN folding (in fp32), before legalizing
+        DecodeAttentionSplit(),                        # after ToMixedPrecision (it rejects call_tir)
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds

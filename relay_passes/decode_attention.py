@@ -1,0 +1,243 @@
+"""DecodeAttentionSplit: a decode step's masked attention over a static KV cache becomes two calls,
+a partial pass over the cache split into chunks and bounded by the position, and a combine
+(flash-decoding; the kernels are ``tir_templates.decode_attention``'s).
+
+Input: Relax with high-level ops (before LegalizeOps). The pattern, as HF's static-cache export
+imports (``tvm_rammer.models.transformers._attend`` / ``_decode_mask``), every piece checked::
+
+    kt     = permute_dims(K, axes=[0, 1, 3, 2])          K [B, H, L, D], or the GQA repeat below
+    scores = matmul(q, kt)                               q [B, H, 1, D]: one query token
+    scaled = divide(scores, c) | multiply(scores, c)     c a float32 constant of one element
+             (either operand order for multiply; or no scale)
+    mask   = where(greater(R, pos), m, z)                R the int constant 0, 1, ..., L-1 (shape
+                                                         [L]); pos an int64 tensor of one element;
+                                                         m = finfo(float32).min, z = 0 (constants)
+    probs  = softmax(add(scaled, mask), axis=-1)         (either operand order for add)
+    out    = matmul(probs, V)                            V [B, H, L, D] or the GQA repeat
+
+    GQA repeat: reshape(broadcast_to(expand_dims(Kc, axis=2), [B, Hkv, n, L, D]), [B, Hkv n, L, D])
+    of a cache Kc [B, Hkv, L, D] (HF's repeat_kv): the kernels read Kc with head h -> h // n.
+
+Everything float32; ``mask`` may be the same tensor for every layer. Output: ``out`` replaced by
+``call_tir(combine, [call_tir(partial, [q, Kc, Vc, pos]), pos])``; the bindings only the
+attention read are dropped. What the rewrite relies on, and the pattern proves: the mask is 0 at
+slots ``<= pos`` and ``finfo.min`` after, added to every score row, so softmax gives the slots
+past ``pos`` weight 0 (``exp(finfo.min - max)`` is 0 in float32 for any finite score), and for
+``pos < 0`` every slot's score is ``finfo.min`` (a uniform softmax, which the kernels compute with
+scores 0). Results change by float rounding only (the softmax's sum is taken in another order).
+
+Declined (the graph left as it is): any other mask (another constant than finfo.min, a range that
+is not 0..L-1, ``greater_equal``, a mask not broadcast along the last axis only), no mask, a
+position that is not one int64 element, a weight parameter where a constant is required (its
+value cannot be checked), several query tokens, other dtypes, symbolic shapes.
+
+``chunk``: slots per chunk (None: ``tir_templates.decode_attention.chunk_for(L)``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tir_templates.decode_attention import (DecodeAttentionShape, chunk_for, combine_func,
+                                            partial_func)
+
+from .unused_bindings import remove_unused_bindings
+
+__all__ = ["DecodeAttentionSplit"]
+
+_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
+    "matmul", "permute_dims", "divide", "multiply", "add", "where", "greater", "nn.softmax",
+    "reshape", "broadcast_to", "expand_dims")}
+CONSTANT = tvm.ir.expr.Constant
+F32_MIN = np.float32(np.finfo(np.float32).min)
+
+
+def _is_op(expr, name):
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.same_as(_OPS[name]))
+
+
+def _shape(expr):
+    """Static dims of a tensor expr as ints, or None."""
+    shape = getattr(expr.ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+        return None
+    return [int(d.value) for d in shape.values]
+
+
+def _dtype(expr):
+    return str(getattr(expr.ty, "dtype", ""))
+
+
+def _ints(values):
+    return [int(v) for v in values]
+
+
+def _scalar(expr):
+    """The value of a float32 constant of one element, or None."""
+    if not isinstance(expr, CONSTANT) or _dtype(expr) != "float32":
+        return None
+    data = expr.value.numpy()
+    return data.reshape(-1)[0] if data.size == 1 else None
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Finds the pattern (module docstring) at every ``matmul(probs, V)``."""
+
+    def __init__(self, mod, chunk):
+        super().__init__(mod)
+        self.chunk = chunk
+        self.rewrites = 0
+
+    def _bound(self, expr, name):
+        """The call ``expr`` (a var) is bound to, when it is a call of op ``name``; else None."""
+        if not isinstance(expr, relax.Var):
+            return None
+        value = self.lookup_binding(expr)
+        return value if _is_op(value, name) else None
+
+    def _cache(self, x, want):
+        """(cache, kv heads) of a [B, H, L, D] operand: itself, or the cache its GQA repeat
+        repeats; None when it is neither."""
+        if _shape(x) != want:
+            return None
+        reshape = self._bound(x, "reshape")
+        if reshape is None:
+            return x, want[1]
+        bcast = self._bound(reshape.args[0], "broadcast_to")
+        expand = None if bcast is None else self._bound(bcast.args[0], "expand_dims")
+        if expand is None or _ints(expand.attrs.axis) != [2]:
+            return None
+        cache = expand.args[0]
+        b, h, length, d = want
+        c_shape = _shape(cache)
+        if c_shape is None or len(c_shape) != 4 or c_shape[0] != b or c_shape[2:] != [length, d]:
+            return None
+        kv = c_shape[1]
+        if h % kv or _shape(bcast) != [b, kv, h // kv, length, d]:
+            return None
+        return cache, kv
+
+    def _mask(self, mask, length):
+        """The position tensor when ``mask`` is where(greater(0..L-1, pos), finfo.min, 0) broadcast
+        along the last axis only; else None."""
+        where = self._bound(mask, "where")
+        m_shape = _shape(mask)
+        if where is None or m_shape is None or not m_shape or m_shape[-1] != length \
+                or any(d != 1 for d in m_shape[:-1]) or _dtype(mask) != "float32":
+            return None
+        if _scalar(where.args[1]) != F32_MIN or _scalar(where.args[2]) != 0:
+            return None
+        greater = self._bound(where.args[0], "greater")
+        if greater is None:
+            return None
+        slots, pos = greater.args
+        if not isinstance(slots, CONSTANT) or _dtype(slots) not in ("int32", "int64"):
+            return None
+        values = slots.value.numpy()
+        if values.shape != (length,) or not np.array_equal(values, np.arange(length)):
+            return None
+        p_shape = _shape(pos)
+        if _dtype(pos) != "int64" or p_shape not in ([], [1]):
+            return None
+        return pos
+
+    def _scores(self, scaled):
+        """(scores, scale, divide) of ``scaled``: divide / multiply by a constant, or none."""
+        for name, divide in (("divide", True), ("multiply", False)):
+            call = self._bound(scaled, name)
+            if call is None:
+                continue
+            a, b = call.args
+            if _scalar(b) is not None:
+                return a, float(_scalar(b)), divide
+            if not divide and _scalar(a) is not None:
+                return b, float(_scalar(a)), divide
+            return None
+        return scaled, 1.0, False
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not _is_op(call, "matmul"):
+            return call
+        found = self._match(call)
+        if found is None:
+            return call
+        q, k_cache, v_cache, pos, shape = found
+        partial = self.builder_.add_func(partial_func(shape), "decode_attention_partial")
+        combine = self.builder_.add_func(combine_func(shape), "decode_attention_combine")
+        b, h, d, nc = shape.batch, shape.heads, shape.head_dim, shape.chunks
+        part = self.builder_.emit(relax.call_tir(
+            partial, [q, k_cache, v_cache, pos], relax.TensorType((b, h, nc, d + 2), "float32")))
+        self.rewrites += 1
+        return relax.call_tir(combine, [part, pos], relax.TensorType((b, h, 1, d), "float32"))
+
+    def _match(self, out):
+        probs, v = out.args
+        softmax = self._bound(probs, "nn.softmax")
+        if softmax is None or int(softmax.attrs.axis) not in (-1, 3):
+            return None
+        add = self._bound(softmax.args[0], "add")
+        if add is None:
+            return None
+        for scaled, mask in (add.args, reversed(add.args)):
+            p_shape = _shape(probs)
+            if p_shape is None or len(p_shape) != 4 or p_shape[2] != 1:
+                return None
+            pos = self._mask(mask, p_shape[3])
+            if pos is not None and _shape(scaled) == p_shape:
+                break
+        else:
+            return None
+        scores_scale = self._scores(scaled)
+        if scores_scale is None:
+            return None
+        scores, scale, divide = scores_scale
+        mm = self._bound(scores, "matmul")
+        if mm is None or mm.attrs.out_dtype not in (None, "", "void", "float32"):
+            return None
+        q, kt = mm.args
+        perm = self._bound(kt, "permute_dims")
+        if perm is None or perm.attrs.axes is None or _ints(perm.attrs.axes) != [0, 1, 3, 2]:
+            return None
+        q_shape = _shape(q)
+        if q_shape is None or len(q_shape) != 4 or q_shape[2] != 1:
+            return None
+        bsz, heads, _, dim = q_shape
+        length = p_shape[3]
+        want = [bsz, heads, length, dim]
+        k = self._cache(perm.args[0], want)
+        vv = self._cache(v, want)
+        if k is None or vv is None or k[1] != vv[1] or _shape(out) != [bsz, heads, 1, dim]:
+            return None
+        if any(_dtype(x) != "float32" for x in (q, k[0], vv[0], scores, out)):
+            return None
+        shape = DecodeAttentionShape(bsz, heads, k[1], length, dim,
+                                     self.chunk or chunk_for(length), scale, divide,
+                                     len(_shape(pos)))
+        return q, k[0], vv[0], pos, shape
+
+
+@tvm.transform.module_pass(opt_level=0, name="DecodeAttentionSplit")
+class DecodeAttentionSplit:
+    """Replace each masked decode attention over a static cache by the split kernels (see the
+    module docstring). Run on high-level Relax, before LegalizeOps."""
+
+    def __init__(self, chunk: int | None = None):
+        if chunk is not None and chunk < 1:
+            raise ValueError(f"DecodeAttentionSplit: chunk={chunk} must be positive")
+        self.chunk = chunk
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        rewriter = _Rewriter(mod, self.chunk)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                before = rewriter.rewrites
+                new = rewriter.visit_expr(func)
+                if rewriter.rewrites > before:
+                    rewriter.builder_.update_func(gv, remove_unused_bindings(new))
+        return rewriter.builder_.get() if rewriter.rewrites else mod

@@ -1,0 +1,309 @@
+"""Decode attention split over the KV length (flash-decoding), bounded by the current position.
+
+One query token attends to a static cache of ``L`` slots of which only ``0..position`` count
+(``relay_passes.decode_attention.DecodeAttentionSplit`` makes the calls). Two operators, two
+rOperators, the second reading what the first writes:
+
+1. :func:`partial_func` ``(q [B, H, 1, D], K [B, Hkv, L, D], V [B, Hkv, L, D], pos [P] int64)
+   -> part [B, H, NC, D + 2]`` float32, ``NC = ceil(L / chunk)``: for each (b, head, chunk) the
+   running max ``m`` of the chunk's scaled scores, ``l = sum exp(s - m)`` and
+   ``acc[d] = sum exp(s - m) V[d]`` (``part[..., 0]``, ``[..., 1]``, ``[..., 2:]``). Head ``h``
+   reads kv head ``h // (H / Hkv)`` (grouped-query attention without a repeated copy). The slots
+   attended are ``[0, lim)``, ``lim = min(pos, L - 1) + 1``; each chunk's loop runs over
+   ``[start, min(start + chunk, lim))`` only, so a chunk past the position reads nothing of K, V
+   (it writes the empty state ``m = finfo.min, l = 0, acc = 0``). A negative position (every slot
+   masked in the graph: all scores ``finfo.min``, a uniform softmax) attends to all ``L`` slots
+   with the scores 0, which is what the masked graph computes.
+2. :func:`combine_func` ``(part, pos) -> out [B, H, 1, D]``: ``M = max m_c``,
+   ``out[d] = sum_c acc_c[d] exp(m_c - M) / sum_c l_c exp(m_c - M)`` over the chunks that hold
+   attended slots.
+
+Every function here is a scheduled PrimFunc (``tirx.is_scheduled``): blockIdx = rTasks. Phase 1:
+one rTask per (b, head, ``group`` consecutive chunks), ``threads`` threads, each thread taking the
+chunk's slots ``tx, tx + threads, ...`` with its own running (m, l, acc) in registers, then the
+threads' states merged through shared memory. Phase 2: one rTask per (b, head), threads over D.
+:func:`partial_versions` / :func:`combine_versions` list the variants (threads, chunks per rTask)
+the rKernel versions come from; each has the same parameters, so any of them can be chosen.
+
+The scores are ``(q . k) / scale`` or ``(q . k) * scale`` (``divide``), as the graph wrote them, so
+results differ from the operator-by-operator graph by rounding only.
+
+What the cost model sees: the worst case, ``position = L - 1`` (every chunk full). The position is
+an input, unknown at compile time, and a decode step's time must hold for the last token too, so
+the analytical model is charged what that step reads: each phase's SBlock declares its reads over
+the whole K, V (``scheduling.rkernels.param_bytes`` takes those regions), and every loop has a
+static extent with the bound as a guard inside (TVM's FLOP estimate counts the guarded body once
+per iteration), never a data-dependent extent. A step at position ``p`` reads only
+``(p + 1) / L`` of that on the device; a measured profile (a GPU lease) sees the position it was
+run with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import s_tir, tirx
+from tvm.script import tirx as T
+
+__all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "combine_func",
+           "partial_versions", "combine_versions", "schedule_of", "DecodeAttentionRule",
+           "reference"]
+
+KIND_ATTR = "rammer.decode_attention"  # "partial" / "combine": the functions made here
+_PARAMS_ATTR = "rammer.decode_attention_params"  # the shape, to rebuild a version
+F32_MIN = float(np.finfo(np.float32).min)
+OPAQUE = 8  # op_pattern kOpaque: no fusion pass joins another operator to these
+
+
+@dataclass(frozen=True)
+class DecodeAttentionShape:
+    """What both phases are made from: batch, query heads, kv heads, cache slots, head dim, slots
+    per chunk, the scale and whether the scores are divided by it (else multiplied), the
+    position's length (1: ``[1]``; 0: a scalar)."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    max_len: int
+    head_dim: int
+    chunk: int
+    scale: float
+    divide: bool
+    pos_len: int = 1
+
+    def __post_init__(self):
+        if min(self.batch, self.heads, self.kv_heads, self.max_len, self.head_dim,
+               self.chunk) < 1 or self.heads % self.kv_heads or self.pos_len not in (0, 1):
+            raise ValueError(f"decode attention: invalid shape {self}")
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.max_len // self.chunk)
+
+    def encode(self) -> str:
+        return ",".join(str(v) for v in (self.batch, self.heads, self.kv_heads, self.max_len,
+                                          self.head_dim, self.chunk, repr(self.scale),
+                                          int(self.divide), self.pos_len))
+
+    @classmethod
+    def decode(cls, text: str) -> "DecodeAttentionShape":
+        b, h, kv, L, d, c, s, div, p = str(text).split(",")
+        return cls(int(b), int(h), int(kv), int(L), int(d), int(c), float(s), bool(int(div)),
+                   int(p))
+
+
+def chunk_for(max_len: int) -> int:
+    """Slots per chunk for a cache of ``max_len``: about 16 chunks, 4 to 64 slots each (a power of
+    two), so a long cache gives many rTasks and a short one still several."""
+    chunk = 4
+    while chunk < 64 and chunk * 16 < max_len:
+        chunk *= 2
+    return min(chunk, max(1, max_len))
+
+
+def _pos_shape(shape):
+    return (1,) if shape.pos_len == 1 else ()
+
+
+def _limit(pos_value, max_len):
+    """(slots attended, score multiplier): ``[0, min(p, L-1] + 1)`` and 1, or all L and 0 when
+    ``p < 0`` (the graph's mask then masks every slot: a uniform softmax)."""
+    lim = T.Select(pos_value < T.int64(0), T.int64(max_len),
+                   T.min(pos_value, T.int64(max_len - 1)) + T.int64(1))
+    use = T.Select(pos_value < T.int64(0), T.float32(0), T.float32(1))
+    return T.Cast("int32", lim), use
+
+
+def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
+                 bound_shift: int = 0) -> tirx.PrimFunc:
+    """Phase 1 (module docstring): one rTask per (b, head, ``group`` chunks), ``threads`` threads.
+    ``bound_shift`` moves the slot bound (tests' negative control: 1 reads one slot too many)."""
+    B, H, KV, L, D, C = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
+                         shape.head_dim, shape.chunk)
+    NC, G, TH = shape.chunks, H // shape.kv_heads, threads
+    if NC % group:
+        raise ValueError(f"decode attention: {NC} chunks are not a multiple of group={group}")
+    tasks = B * H * (NC // group)
+    per_thread = -(-C // TH)
+    scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
+    shift = int(bound_shift)
+
+    def pos_load(pos):
+        return pos[0] if P else pos[()]
+
+    @T.prim_func(s_tir=True)
+    def partial(q: T.Buffer((B, H, 1, D), "float32"), k: T.Buffer((B, KV, L, D), "float32"),
+                v: T.Buffer((B, KV, L, D), "float32"), pos: T.Buffer(P, "int64"),
+                part: T.Buffer((B, H, NC, D + 2), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for task in T.thread_binding(tasks, thread="blockIdx.x"):
+            state = T.sblock_alloc_buffer((TH, D + 2), "float32", scope="shared")
+            for gi in range(group):
+                for tx in T.thread_binding(TH, thread="threadIdx.x"):
+                    with T.sblock("partial"):
+                        T.reads(q[0:B, 0:H, 0, 0:D], k[0:B, 0:KV, 0:L, 0:D],
+                                v[0:B, 0:KV, 0:L, 0:D], pos[()] if not P else pos[0:1])
+                        T.writes(state[tx, 0:D + 2])
+                        m = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        ls = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        acc = T.sblock_alloc_buffer((D,), "float32", scope="local")
+                        sc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        b = task // (H * (NC // group))
+                        h = task // (NC // group) % H
+                        c = task % (NC // group) * group + gi
+                        lim, use = _limit(pos_load(pos), L)
+                        start = c * C
+                        end = T.max(T.min(start + C, lim + shift), start)
+                        m[0] = T.float32(F32_MIN)
+                        ls[0] = T.float32(0)
+                        for d in range(D):
+                            acc[d] = T.float32(0)
+                        for j in range(per_thread):
+                            slot = start + tx + j * TH
+                            if slot < end:
+                                sc[0] = T.float32(0)
+                                for d in range(D):
+                                    sc[0] = sc[0] + q[b, h, 0, d] * k[b, h // G, slot, d]
+                                if divide:
+                                    sc[0] = sc[0] / T.float32(scale) * use
+                                else:
+                                    sc[0] = sc[0] * T.float32(scale) * use
+                                mn = T.max(m[0], sc[0])
+                                corr = T.exp(m[0] - mn)
+                                pe = T.exp(sc[0] - mn)
+                                ls[0] = ls[0] * corr + pe
+                                for d in range(D):
+                                    acc[d] = acc[d] * corr + pe * v[b, h // G, slot, d]
+                                m[0] = mn
+                        state[tx, 0] = m[0]
+                        state[tx, 1] = ls[0]
+                        for d in range(D):
+                            state[tx, 2 + d] = acc[d]
+                for tx in T.thread_binding(TH, thread="threadIdx.x"):
+                    with T.sblock("merge"):
+                        T.reads(state[0:TH, 0:D + 2])
+                        T.writes(part[0:B, 0:H, 0:NC, 0:D + 2])
+                        mx = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        sm = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        b = task // (H * (NC // group))
+                        h = task // (NC // group) % H
+                        c = task % (NC // group) * group + gi
+                        mx[0] = T.float32(F32_MIN)
+                        for t in range(TH):
+                            mx[0] = T.max(mx[0], state[t, 0])
+                        for i in range(-(-(D + 2) // TH)):
+                            if tx + i * TH < D + 2:
+                                sm[0] = T.float32(0)
+                                for t in range(TH):
+                                    sm[0] = sm[0] + state[t, tx + i * TH] * T.exp(
+                                        state[t, 0] - mx[0])
+                                part[b, h, c, tx + i * TH] = T.Select(tx + i * TH == 0, mx[0],
+                                                                      sm[0])
+    return partial.without_attr("global_symbol").with_attrs({  # named by the module it joins
+        "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
+
+
+def combine_func(shape: DecodeAttentionShape, threads: int = 32) -> tirx.PrimFunc:
+    """Phase 2 (module docstring): one rTask per (b, head), ``threads`` threads over D."""
+    B, H, L, D, C = shape.batch, shape.heads, shape.max_len, shape.head_dim, shape.chunk
+    NC, TH, P = shape.chunks, threads, _pos_shape(shape)
+    per_thread = -(-D // TH)
+
+    def pos_load(pos):
+        return pos[0] if P else pos[()]
+
+    @T.prim_func(s_tir=True)
+    def combine(part: T.Buffer((B, H, NC, D + 2), "float32"), pos: T.Buffer(P, "int64"),
+                out: T.Buffer((B, H, 1, D), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for task in T.thread_binding(B * H, thread="blockIdx.x"):
+            for tx in T.thread_binding(TH, thread="threadIdx.x"):
+                with T.sblock("combine"):
+                    T.reads(part[0:B, 0:H, 0:NC, 0:D + 2], pos[()] if not P else pos[0:1])
+                    T.writes(out[0:B, 0:H, 0, 0:D])
+                    mx = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    den = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    num = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    b = task // H
+                    h = task % H
+                    lim, _use = _limit(pos_load(pos), L)
+                    used = (lim + C - 1) // C
+                    mx[0] = T.float32(F32_MIN)
+                    for c in range(NC):
+                        if c < used:
+                            mx[0] = T.max(mx[0], part[b, h, c, 0])
+                    den[0] = T.float32(0)
+                    for c in range(NC):
+                        if c < used:
+                            den[0] = den[0] + part[b, h, c, 1] * T.exp(part[b, h, c, 0] - mx[0])
+                    for i in range(per_thread):
+                        if tx + i * TH < D:
+                            num[0] = T.float32(0)
+                            for c in range(NC):
+                                if c < used:
+                                    num[0] = num[0] + part[b, h, c, 2 + tx + i * TH] * T.exp(
+                                        part[b, h, c, 0] - mx[0])
+                            out[b, h, 0, tx + i * TH] = num[0] / den[0]
+    return combine.without_attr("global_symbol").with_attrs({  # named by the module it joins
+        "op_pattern": OPAQUE, KIND_ATTR: "combine", _PARAMS_ATTR: shape.encode()})
+
+
+def partial_versions(shape: DecodeAttentionShape) -> list:
+    """(name, PrimFunc) of every phase-1 variant: 32, 64 or 128 threads (those a chunk fills,
+    32 at least: whole warps), one or two chunks per rTask (two when the chunks pair up)."""
+    found = []
+    for threads in (32, 64, 128):
+        if threads > 32 and threads > shape.chunk:
+            continue
+        for group in (1, 2):
+            if shape.chunks % group == 0 and (group == 1 or shape.chunks > 1):
+                found.append((f"decode_attention_t{threads}g{group}",
+                              partial_func(shape, threads, group)))
+    return found
+
+
+def combine_versions(shape: DecodeAttentionShape) -> list:
+    """(name, PrimFunc) of every phase-2 variant: 32 threads, and 64 / 128 where D fills them."""
+    return [(f"decode_combine_t{t}", combine_func(shape, t)) for t in (32, 64, 128)
+            if t == 32 or t <= shape.head_dim]
+
+
+def schedule_of(func) -> list:
+    """The variants of a function made here (its kind's :func:`partial_versions` or
+    :func:`combine_versions`), or [] for any other function."""
+    kind = func.attrs.get(KIND_ATTR, None) if func.attrs is not None else None
+    if kind is None:
+        return []
+    shape = DecodeAttentionShape.decode(func.attrs[_PARAMS_ATTR])
+    return partial_versions(shape) if str(kind) == "partial" else combine_versions(shape)
+
+
+def reference(q, k, v, pos, scale, divide):
+    """NumPy (float64) decode attention as the masked graph computes it: q [B, H, 1, D], k, v
+    [B, Hkv, L, D], ``pos`` an int; returns [B, H, 1, D]."""
+    B, H, _, D = q.shape
+    L = k.shape[2]
+    rep = H // k.shape[1]
+    kk, vv = np.repeat(k, rep, axis=1).astype(np.float64), np.repeat(v, rep, axis=1)
+    s = np.einsum("bhd,bhld->bhl", q[:, :, 0].astype(np.float64), kk)
+    s = s / scale if divide else s * scale
+    s = s + np.where(np.arange(L) > pos, np.float64(F32_MIN), 0.0)[None, None]
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhl,bhld->bhd", p, vv)[:, :, None, :]
+
+
+class DecodeAttentionRule:
+    """A dlight-style rule (``apply(func, target, tunable)``): a function made here is already
+    scheduled (its default version, the first of its kind's versions); it is kept as it is, marked
+    as scheduled by ``decode_attention``. Returns None for any other function."""
+
+    schedule_name = "decode_attention"  # default_schedule.SCHEDULED_BY_ATTR of what it keeps
+
+    def apply(self, func, _target=None, _tunable=False):
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None \
+                or func.attrs.get(KIND_ATTR, None) is None:
+            return None
+        return s_tir.Schedule(func)
