@@ -86,7 +86,7 @@ def test_prepare_builds_libraries_and_a_manifest_then_reuses_them(recorded, tmp_
     monkeypatch.setattr(kernels, "record_jobs", lambda *args: recorded)  # recorded once (above)
     monkeypatch.setattr(kernels, "_sources_digest", lambda: "fixed")  # others edit the tree
     out = str(tmp_path / "kernels")
-    manifest = kernels.prepare_kernels([SPEC], out, size_budget_mib=40)
+    manifest = kernels.prepare_kernels([SPEC], out, size_budget_mib=40, rprograms=False)
     assert manifest["format"] == kernels.FORMAT and manifest["arch"] == "sm_90a"
     listed = {k["key"] for k in manifest["kernels"]}
     assert listed == {j.key for j in recorded.jobs} | {j.reference_key for j in recorded.jobs}
@@ -99,7 +99,7 @@ def test_prepare_builds_libraries_and_a_manifest_then_reuses_them(recorded, tmp_
     assert model["built"] == len(listed)
     stamps = {lib["library"]: os.path.getmtime(os.path.join(out, lib["library"]))
               for lib in manifest["libraries"]}
-    assert kernels.prepare_kernels([SPEC], out, size_budget_mib=40) == manifest  # unchanged
+    assert kernels.prepare_kernels([SPEC], out, 40, rprograms=False) == manifest  # unchanged
     assert stamps == {n: os.path.getmtime(os.path.join(out, n)) for n in stamps}
 
 
@@ -265,7 +265,7 @@ def test_state_table_counts_measured_kernels_and_leases_left(tmp_path):
 def test_the_lease_hook_names_the_timing_module_and_its_manifest(tmp_path, monkeypatch):
     asked = {}
 
-    def fake_prepare(models, out_dir, budget_mib, db, target, max_kernels=None):
+    def fake_prepare(models, out_dir, budget_mib, db, target, max_kernels=None, deadline=None):
         asked.update(models=list(models), budget=budget_mib, max_kernels=max_kernels)
         return kernels.write_manifest(out_dir, target, "sm_90a", "cuda", [{"bytes": 2**20}],
                                       [{"key": str(i)} for i in range(100)])
@@ -293,3 +293,160 @@ def test_the_import_command_writes_the_profile_and_the_state_command_counts_it(t
     assert kernel_results.main(["state", str(manifest), "--facts", str(facts),
                                 "--profiles", str(profiles)]) == 0
     assert "| m | 2 | 1 | 1 | 1 |" in capsys.readouterr().out
+
+
+# --- item 5: the close rProgram candidates, timed by the next lease ----------------------------------
+
+FAKE = {"name": "Fake GPU", "arch": "sm_90", "driver": "1.0"}  # fake_device.FakeDevice's id
+
+
+@pytest.fixture(scope="module")
+def kernels_measured(tmp_path_factory):
+    """A shipped profile folder whose database (the fake device's) has every decisive kernel of
+    MODEL measured and no rProgram record: a compile reading it forms rPrograms whose
+    keep-or-fall-back decision is not measured."""
+    profiles = tmp_path_factory.mktemp("profiles")
+    path = profiles / "fake-gpu.json"
+    profiler = Profiler(JsonProfileDB(str(path)), FakeDevice(kernel_us=kernel_us), "sm_90a",
+                        margin=RammerConfig().profile_margin)
+    lower(import_onnx(get_model(MODEL, **REDUCED[MODEL])), TARGET, RammerConfig(), profiler)
+    profiler.flush()
+    doc = json.loads(path.read_text())
+    for records in doc["devices"].values():
+        records.pop("rprogram", None)  # the fake device timed them: forget it
+    path.write_text(json.dumps(doc))
+    return profiles
+
+
+@pytest.fixture()
+def shipped(kernels_measured, tmp_path, monkeypatch):
+    """A copy of ``kernels_measured`` as the shipped profiles (and no per-user cache)."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for p in kernels_measured.glob("*.json"):
+        (profiles / p.name).write_text(p.read_text())
+    monkeypatch.setattr(profile_db, "SHIPPED_DIR", profiles)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return profiles
+
+
+def test_rprogram_candidates_are_built_with_the_back_ends_key(shipped, tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "_sources_digest", lambda: "fixed")
+    out = tmp_path / "kernels"
+    manifest = kernels.prepare_kernels([SPEC], str(out), size_budget_mib=40)
+    (model,) = manifest["models"]
+    assert model["to_time"] == 0  # every kernel measured: what is left is the rPrograms
+    assert model["rprograms"] == {"formed": 1, "measured": 0, "unmeasurable": 0, "candidates": 1,
+                                  "built": 1, "left": 0, "record_s": model["rprograms"]["record_s"]}
+    assert model["leases_needed"] == 1
+    (entry,) = [k for k in manifest["kernels"] if k["role"] == "rprogram"]
+    assert entry["stable"] and entry["model"] == MODEL and entry["fault_page"] == "rammer_fault_page"
+    assert not [k for k in manifest["kernels"] if k["role"] != "rprogram"]  # references measured
+    table = np.load(out / entry["fixed"]["rammer_program"])
+    assert table.dtype == np.int32 and len(table) == dict(
+        (n, s) for n, s, _ in entry["params"])["rammer_program"][0]
+    assert os.path.getsize(out / entry["library"]) > 0
+    # the key is the one the back end looks up: measured by a fake device, it is found there
+    found = []
+    profiler = Profiler(JsonProfileDB(), FakeDevice(kernel_us=kernel_us,
+                                                    rprogram_us=lambda f: found.append(f) or 7.0),
+                        "sm_90a", margin=RammerConfig().profile_margin)
+    lower(import_onnx(get_model(MODEL, **REDUCED[MODEL])), TARGET, RammerConfig(), profiler)
+    (device,) = profiler.db.devices()
+    assert profiler.db.get("rprogram", entry["key"], device) == {"time_us": 7.0}
+    # a second prepare with nothing changed reuses it; with --no-rprograms none is listed
+    assert kernels.prepare_kernels([SPEC], str(out), size_budget_mib=40) == manifest
+    none = kernels.prepare_kernels([SPEC], str(tmp_path / "k2"), 40, rprograms=False)
+    assert none["kernels"] == [] and none["models"][0]["rprograms"] is None
+
+
+def _decided(shipped, tmp_path, rammer_us: float) -> dict:
+    """The back end's decision on MODEL's rProgram after a lease timed it at ``rammer_us``."""
+    from tvm_rammer.lease import rprograms
+
+    (cand,) = rprograms.record_rprograms(SPEC, TARGET).candidates
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"key": cand.key, "role": "rprogram", "kernel_us": rammer_us,
+                                   "valid": True, "error": None, "seconds": 0.3}) + "\n")
+    info = kernel_results.import_results(str(results), FAKE, profiles_dir=shipped)
+    assert info["rprograms"] == 1 and Path(info["path"]).name == "fake-gpu.json"
+    after = rprograms.record_rprograms(SPEC, TARGET)
+    assert (after.formed, after.measured, after.candidates) == (1, 1, [])
+    return inspect_model(get_model(MODEL, **REDUCED[MODEL]), TARGET, RammerConfig())
+
+
+def test_no_rprogram_time_keeps_it_unmeasured(shipped):  # the control of the two below
+    summary = inspect_model(get_model(MODEL, **REDUCED[MODEL]), TARGET, RammerConfig())
+    (program,) = summary["programs"]
+    assert program["measured_us"] is None and program["default_us"] > 0
+
+
+def test_an_imported_rprogram_time_faster_than_default_keeps_it(shipped, tmp_path):
+    summary = _decided(shipped, tmp_path, 1.5)
+    (program,) = summary["programs"]
+    assert program["measured_us"] == 1.5 and program["measured_source"] == "shipped"
+    assert summary["fallbacks"] == []
+
+
+def test_an_imported_rprogram_time_slower_than_default_falls_back(shipped, tmp_path, caplog):
+    summary = _decided(shipped, tmp_path, 1000.0)
+    assert summary["programs"] == []  # its operators are TVM's default kernels (then the
+    # whole model TVM's default pipeline: fewer launches than 3 ordinary kernels)
+    assert "rProgram measured 1000.0 us, not faster than TVM's default kernels (20.0 us)" \
+        in caplog.text
+
+
+def test_candidates_go_closest_to_a_tie_first_stable_ones_before():
+    from tvm_rammer.lease import rprograms
+
+    def cand(key, rammer, default, stable=True):
+        return rprograms.RProgramCandidate(key, "p", "m", None, {}, (), {}, (), rammer, default, stable)
+
+    found = [cand("far", 20.0, 10.0), cand("tie", 50.0, 50.0), cand("small_tie", 2.0, 2.0),
+             cand("unstable", 50.0, 50.0, stable=False), cand("close", 60.0, 50.0)]
+    assert [c.key for c in rprograms.ordered(found)] == ["tie", "close", "far", "small_tie", "unstable"]
+    assert rprograms.value_of(40.0, 20.0) == rprograms.value_of(10.0, 20.0) == 10.0
+    assert rprograms.leases_needed(0, 0, 100) == 0
+    assert rprograms.leases_needed(150, 40, 100) == 2 + 2  # kernels first, 3 slots an rProgram
+    assert rprograms.leases_needed(5, None, 100) is None
+
+
+def _fault_kernel():
+    """An llvm stand-in of a persistent kernel: ``out = a * 2`` and its fault page's word 0 set to
+    the table's first word (a fault when it is not 0)."""
+    a = te.placeholder((64,), "float32", name="a")
+    table = te.placeholder((4,), "int32", name="rammer_program")
+    out = te.compute((64,), lambda i: a[i] * 2.0, name="out")
+    page = te.compute((16,), lambda i: tvm.tirx.if_then_else(i == 0, table[0], 0),
+                      name="rammer_fault_page")
+    return te.create_prim_func([a, table, out, page])
+
+
+def test_timing_times_an_rprogram_entry_with_its_fixed_arguments_and_reads_its_fault_page(tmp_path):
+    out = tmp_path / "lib"
+    (out / "rprograms").mkdir(parents=True)
+    entries = []
+    for key, first in (("fine", 0), ("faulty", 7)):
+        np.save(out / "rprograms" / f"{key}.npy", np.array([first, 1, 2, 3], "int32"))
+        entries.append(KernelEntry(key, f"m:{key}", _fault_kernel(), key, "rprogram", None, 0, "m",
+                                   extra={"fixed": {"rammer_program": f"rprograms/{key}.npy"},
+                                          "fault_page": "rammer_fault_page"}))
+    libraries, built, _ = kernels.build_libraries(entries, "llvm", str(out))
+    kernels.write_manifest(str(out), "llvm", None, "cpu", libraries, built)
+    results = tmp_path / "results.jsonl"
+    done = _timing(out / "kernels.json", "--out", results, "--number", 2, "--repeat", 2)
+    assert done.returncode == 0, done.stderr
+    lines = {r["key"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert lines["fine"]["valid"] is True and lines["fine"]["kernel_us"] > 0
+    assert lines["fine"]["role"] == "rprogram"
+    assert lines["faulty"]["kernel_us"] is None and "fault page" in lines["faulty"]["reason"]
+    info = kernel_results.import_results(str(results), FAKE, profiles_dir=tmp_path / "profiles",
+                                         timed_path=tmp_path / "timed" / "timed.json")
+    assert info["rprograms"] == 1 and info["failed"] == 1
+    db = JsonProfileDB(info["path"])
+    device = kernel_results.device_id(FAKE)
+    assert db.get("rprogram", "fine", device) == {"time_us": lines["fine"]["kernel_us"],
+                                                  "source": "lease"}
+    assert db.get("rprogram", "faulty", device) is None  # a failure is not a fact
+    assert json.loads((tmp_path / "timed" / "timed.json").read_text())["kernels"]["faulty"] \
+        .startswith("run failed")

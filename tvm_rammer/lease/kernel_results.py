@@ -9,6 +9,9 @@ rule), so the next ``prepare`` compiles with the measured kernels. Records are w
 ``Profiler._measure_batch`` writes: a version's ``kernel_us``, ``registers``, ``shared_bytes``,
 ``valid``, ``error``, ``tolerance``, ``default_us`` (its reference's time) and, when invalid, the
 ``reason``; a reference (TVM's default kernel) ``valid`` with error 0 and ``reference: true``.
+An rProgram's line (role "rprogram", ``tvm_rammer.lease.rprograms``) becomes the rProgram record
+``{"time_us"}`` under its key, the back end's ``plan_key``: the next compile's keep-or-fall-back
+decision reads it (with its operators' default kernels' records) instead of keeping it unmeasured.
 Failures (a library that did not load, a run that failed or timed out) are not facts and are not
 written (``profiler.is_failure``); the kernel's own ones (run failed, timed out) go to
 ``timed.json`` with the outcome of every kernel timed, so the next prepare does not ask for them
@@ -98,7 +101,8 @@ def import_results(results_jsonl, device_facts, profiles_dir=SHIPPED_DIR,
     """Write the records of ``results_jsonl`` (kernel_timing's lines) for the device of
     ``device_facts`` (:func:`device_id`) into ``profile_path(device, profiles_dir)`` (merged with
     what it holds), and every kernel's outcome into ``timed_path`` (a ``timed.json``; None: not
-    written). Returns ``{"path", "device", "written", "invalid", "failed", "timed_path"}``."""
+    written). Returns ``{"path", "device", "written", "invalid", "rprograms", "failed",
+    "timed_path"}`` (``rprograms``: of ``written``, the rProgram records)."""
     device = device_id(device_facts)
     if timed_path is not None and Path(timed_path).resolve().parent == Path(profiles_dir).resolve():
         raise ValueError(f"timed_path {timed_path} is in the profiles folder, whose *.json are read "
@@ -112,6 +116,12 @@ def import_results(results_jsonl, device_facts, profiles_dir=SHIPPED_DIR,
     for result in results:
         key = result.get("key")
         if not key:
+            continue
+        if result.get("role") == "rprogram" and result.get("kernel_us") is not None \
+                and result.get("valid"):
+            outcomes[key] = "measured"
+            items.append(("rprogram", key, device, {"time_us": float(result["kernel_us"]),
+                                                     "source": "lease"}))
             continue
         record = _record(result, result.get("default_us") or ref_us.get(result.get("reference")))
         if record is None or is_failure(record):
@@ -131,6 +141,7 @@ def import_results(results_jsonl, device_facts, profiles_dir=SHIPPED_DIR,
     if timed_path is not None:
         _merge_timed(timed_path, outcomes)
     return {"path": str(path), "device": device.key, "written": len(items), "invalid": invalid,
+            "rprograms": sum(1 for item in items if item[0] == "rprogram"),
             "failed": failed, "timed_path": None if timed_path is None else str(timed_path)}
 
 

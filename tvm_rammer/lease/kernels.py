@@ -23,12 +23,23 @@ reads on the GPU host::
     {"format", "target", "arch", "device_type", "device": the DB device the records are read for,
      "libraries": [{"library", "bytes", "kernels", "build_s", "cuda_format", "arches"}],
      "kernels": [{"library", "function", "key", "label", "operator", "model", "role": "reference" |
-                  "version", "reference": key of its reference (None for a reference),
+                  "version" | "rprogram", "reference": key of its reference (None for a reference),
                   "num_outputs", "params": [[name, shape, dtype]], "predicted_us", "base",
-                  "registers", "shared_bytes"}],            # in timing order
+                  "registers", "shared_bytes",
+                  # an rProgram (lease.rprograms): key = the back end's plan_key, and
+                  "fixed": {param: .npy path}, "references": [keys], "fault_page": param | None,
+                  "operators", "stable", "estimate": {"rammer_us", "default_us", "value"}}],
      "models": [{"model": {"zoo", "params", "batch"}, "name", "decisive": [keys], "measured": n,
-                 "to_time": n, "built": n, "predicted_gain_us", "at_stake_us", "record_s"}],
+                 "to_time": n, "built": n, "predicted_gain_us", "at_stake_us", "record_s",
+                 "rprograms": {"formed", "measured", "unmeasurable", "candidates", "built",
+                               "left", "record_s"} | None (not formed: no room),
+                 "leases_needed": n | None}],
      "left_out": n}                                          # to time, not built (size budget)
+
+After the kernels, in what is left of the lease's time and size, the close rProgram candidates of
+every model (:mod:`tvm_rammer.lease.rprograms`): the rPrograms a compile forms with the kernels the
+database chose whose keep-or-fall-back decision is not measured, closest to a tie first, each with
+the TVM default kernels of its operators that have no record (role "reference").
 
 Models are taken in order of value (``predicted_gain_us``: per decisive operator, its dlight
 version's predicted time less the best other version's; then ``at_stake_us``, the dlight times of
@@ -222,6 +233,7 @@ class KernelEntry:
     model: str = ""
     predicted_us: float | None = None
     base: bool = False
+    extra: dict | None = None  # more fields of its manifest entry (an rProgram's: lease.rprograms)
 
 
 def _operator_value(jobs: list) -> tuple:
@@ -356,7 +368,8 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
                             "role": e.role, "reference": e.reference, "num_outputs": e.num_outputs,
                             "params": [list(p) for p in param_specs(e.func)],
                             "predicted_us": e.predicted_us, "base": e.base,
-                            "registers": res.get("registers"), "shared_bytes": res.get("shared_bytes")})
+                            "registers": res.get("registers"), "shared_bytes": res.get("shared_bytes"),
+                            **(e.extra or {})})
     return libraries, kernels, 0
 
 
@@ -422,7 +435,7 @@ def timed_keys(out_dir: str) -> dict:
 def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | None, db=None,
                     target: str = DEFAULT_TARGET, config=None, max_kernels: int | None = None,
                     kernels_per_library: int = KERNELS_PER_LIBRARY,
-                    deadline: float | None = None) -> dict:
+                    deadline: float | None = None, rprograms: bool = True) -> dict:
     """Record, build and list the kernel versions a lease is to time (module docstring).
 
     ``models``: zoo names (full size) or ``{"zoo", "params", "batch"}``; ``out_dir``: where the
@@ -431,14 +444,16 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
     (for the target's arch) need no timing (None: the shipped ones); ``max_kernels``: at most this
     many kernels built (what the lease's time allows); ``deadline``: a ``time.perf_counter()``
     past which no model is recorded and no library built (prepare's time limit: what is left is
-    counted in ``left_out`` and done by the next prepare). Returns the manifest (also written)."""
+    counted in ``left_out`` and done by the next prepare); ``rprograms``: then, in what is left of
+    ``max_kernels`` and the size, the close rProgram candidates (:func:`_rprogram_entries`).
+    Returns the manifest (also written)."""
     from ..target import resolve_target, target_arch
 
     tgt = resolve_target(target)
     arch = target_arch(tgt)
     timed = timed_keys(out_dir)
     key = _inputs_key(models, target, db, config, timed, size_budget_mib, max_kernels,
-                      kernels_per_library)
+                      kernels_per_library, rprograms)
     previous = _read_manifest(out_dir)
     if previous is not None and previous.get("inputs_key") == key and all(
             os.path.exists(os.path.join(out_dir, lib["library"])) for lib in previous["libraries"]):
@@ -467,16 +482,91 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
     libraries, kernels, left = build_libraries(entries, tgt, out_dir, size_budget_mib,
                                                kernels_per_library, deadline)
     built = {k["key"] for k in kernels}
+    found: dict = {}  # model name -> lease.rprograms.RecordedRPrograms (None: not formed)
+    if rprograms:
+        rp_libs, rp_kernels, rp_left, found = _rprogram_entries(
+            [rec for rec, _, _ in per_model], built, out_dir, tgt, db, config, timed,
+            None if max_kernels is None else max_kernels - len(entries),
+            None if size_budget_mib is None else
+            size_budget_mib - sum(lib["bytes"] for lib in libraries) / 2**20,
+            kernels_per_library, deadline)
+        libraries, kernels, left = libraries + rp_libs, kernels + rp_kernels, left + rp_left
+    from .rprograms import remove_stale_fixed
+
+    remove_stale_fixed(out_dir, kernels)
     if deadline is not None and time.perf_counter() > deadline:
         key = None  # cut by prepare's time limit: the next prepare goes on (built libraries reused)
     _remove_stale(out_dir, {lib["library"] for lib in libraries})
     _, device = _source_device(db, arch)
+    per_lease = max_kernels or max(1, int(LEASE_KERNEL_S / SECONDS_PER_KERNEL))
     models_doc = [{"model": rec.model, "name": rec.name, "decisive": rec.decisive,
                    "measured": len(rec.measured), "to_time": len(rec.jobs),
-                   "built": sum(e.key in built for e in es), **value, "record_s": round(rec.seconds, 1)}
+                   "built": sum(e.key in built for e in es), **value, "record_s": round(rec.seconds, 1),
+                   **_rprogram_doc(found.get(rec.name), kernels, len(rec.jobs), per_lease)}
                   for rec, es, value in per_model]
     return write_manifest(out_dir, str(target), arch, tgt.kind.name, libraries, kernels, models_doc,
                           left + len(cut), device.key if device is not None else None, key)
+
+
+def _rprogram_entries(recorded: list, built: set, out_dir: str, tgt, db, config, timed,
+                      room: int | None, size_mib: float | None, kernels_per_library: int,
+                      deadline: float | None) -> tuple:
+    """The close rProgram candidates of ``recorded``'s models (``lease.rprograms``), built after
+    the kernels (``built``: their keys) in ``room`` kernel slots (an rProgram takes
+    ``rprograms.RPROGRAM_SLOTS``; None: no limit) and ``size_mib`` (the rest of the size budget,
+    the fixed arguments' files included). No model is compiled when there is no room or past
+    ``deadline``. Returns ``(libraries, kernels, left_out, found)``: found = model name ->
+    ``RecordedRPrograms`` of the models compiled."""
+    from . import rprograms as rp
+
+    found, candidates = {}, []
+    pending = {j.reference_key for rec in recorded for j in rec.jobs if j.reference_key}
+    for rec in recorded:
+        if (room is not None and room < rp.RPROGRAM_SLOTS) or (size_mib is not None and size_mib <= 0):
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            LOG.warning("tvm-rammer: kernels: prepare's time limit reached: the rPrograms of %d "
+                        "of %d models formed", len(found), len(recorded))
+            break
+        found[rec.name] = rp.record_rprograms(model_spec(rec.model), str(tgt), db, config,
+                                              pending, timed)
+        candidates += found[rec.name].candidates
+    entries = rp.entries_of(rp.ordered(candidates), out_dir, KernelEntry, seen=set(built))
+    taken, slots = [], 0  # whole candidates: their references with them
+    group: list = []
+    for e in entries:
+        group.append(e)
+        if e.role != "rprogram":
+            continue
+        cost = rp.RPROGRAM_SLOTS + len(group) - 1
+        if room is not None and slots + cost > room:
+            break
+        taken += group
+        slots += cost
+        group = []
+    left = sum(e.role == "rprogram" for e in entries) - sum(e.role == "rprogram" for e in taken)
+    fixed_mib = sum(os.path.getsize(os.path.join(out_dir, path)) for path in
+                    {p for e in taken for p in ((e.extra or {}).get("fixed") or {}).values()}) / 2**20
+    libraries, kernels, cut = build_libraries(
+        taken, tgt, out_dir, None if size_mib is None else size_mib - fixed_mib,
+        kernels_per_library, deadline)
+    cut_rprograms = sum(e.role == "rprogram" for e in taken) - sum(k["role"] == "rprogram" for k in kernels)
+    return libraries, kernels, left + cut_rprograms, found
+
+
+def _rprogram_doc(found, kernels: list, kernels_left: int, per_lease: int) -> dict:
+    """A model's ``rprograms`` entry of the manifest (formed, measured, unmeasurable, candidates,
+    built, left; None when not formed) and ``leases_needed`` (``rprograms.leases_needed``)."""
+    from .rprograms import leases_needed
+
+    if found is None:
+        return {"rprograms": None, "leases_needed": None}
+    built = sum(1 for k in kernels if k["role"] == "rprogram" and k["model"] == found.name)
+    doc = {"formed": found.formed, "measured": found.measured, "unmeasurable": found.unmeasurable,
+           "candidates": len(found.candidates), "built": built,
+           "left": len(found.candidates) - built, "record_s": round(found.seconds, 1)}
+    return {"rprograms": doc,
+            "leases_needed": leases_needed(kernels_left, len(found.candidates), per_lease)}
 
 
 def _remove_stale(out_dir: str, keep: set) -> None:
@@ -565,16 +655,24 @@ def prepare(out_dir: str, target: str = DEFAULT_TARGET, budget_mib: float | None
     ``out_dir`` within ``budget_mib`` and as many kernels as ``time_s`` of timing allows at
     ``seconds_per_kernel``; returns the step's index entry: ``{"module", "args"}`` (run on the GPU
     host as ``python3 -m MODULE *ARGS --out DIR`` from the lease folder's parent), ``estimate_s``,
-    ``kernels``, ``libraries``, ``mib``, ``left_out``, ``manifest``."""
+    ``kernels``, ``libraries``, ``mib``, ``left_out``, ``manifest``, ``rprograms`` (rProgram
+    candidates listed, each ``rprograms.RPROGRAM_SLOTS`` kernels' time) and ``models``: per model
+    ``{"name", "rprograms", "leases_needed"}`` (the manifest's)."""
+    from .rprograms import RPROGRAM_SLOTS
+
     limit = max(1, int(time_s / max(seconds_per_kernel, 1e-6)))
     manifest = prepare_kernels(models, out_dir, budget_mib, db, target, max_kernels=limit,
                                deadline=deadline)
     n = len(manifest["kernels"])
+    n_rprograms = sum(1 for k in manifest["kernels"] if k.get("role") == "rprogram")
+    slots = n + (RPROGRAM_SLOTS - 1) * n_rprograms
     path = Path(out_dir).resolve() / MANIFEST
     base = Path(out_dir).resolve().parent.parent  # the GPU side runs from the lease folder's parent
-    estimate = round(min(time_s, n * seconds_per_kernel) + 10.0, 1) if n else 0.0
+    estimate = round(min(time_s, slots * seconds_per_kernel) + 10.0, 1) if n else 0.0
     return {"module": TIMING_MODULE if n else None,
             "args": [os.path.relpath(path, base), "--budget-s", f"{max(estimate - 5.0, 1.0):g}"],
             "estimate_s": estimate, "kernels": n, "libraries": len(manifest["libraries"]),
             "mib": round(sum(lib["bytes"] for lib in manifest["libraries"]) / 2**20, 2),
-            "left_out": manifest["left_out"], "manifest": str(path)}
+            "left_out": manifest["left_out"], "manifest": str(path), "rprograms": n_rprograms,
+            "models": [{"name": m.get("name"), "rprograms": m.get("rprograms"),
+                        "leases_needed": m.get("leases_needed")} for m in manifest.get("models", [])]}

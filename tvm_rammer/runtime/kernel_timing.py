@@ -21,6 +21,13 @@ killed and recorded as timed out, and a kernel that fails (an illegal address le
 context dead) ends its child: the next child, in a fresh context, continues after it. Without the
 manifest's device here (no GPU) it lists what it would time and exits 0.
 
+An rProgram (role "rprogram", ``tvm_rammer.lease.rprograms``): its persistent kernel run with the
+manifest's fixed arguments (``fixed``: param -> .npy file beside the manifest: the program table,
+the fault page) and seeded data for the rest, as the profiler times one (``measure.
+_time_kernel_worker``): a warm-up run, its fault page checked (a barrier wait that gave up is a
+failed run, not a time), timed, the page checked again. Nothing is compared: its result is its
+time (``valid`` true), which ``kernel_results`` records under its key, the back end's.
+
 A result line: ``{"key", "label", "operator", "role", "reference", "library", "function",
 "kernel_us", "default_us", "valid", "error", "tolerance", "registers", "shared_bytes", "seconds",
 "reason"}`` (``reason`` only for a failure: "load failed: ...", "run failed: ...", "timed out: ...",
@@ -140,6 +147,7 @@ class _Runner:
         self._libs: dict = {}
         self._ref_out: dict = {}  # reference key -> its outputs (numpy)
         self.ref_us: dict = {}  # reference key -> its time (us)
+        self._fixed: dict = {}  # .npy path -> its array
 
     def lib(self, name: str):
         import tvm
@@ -171,6 +179,38 @@ class _Runner:
                                                            min_repeat_ms=1)
         return float(np.median(timer(*args).results)) * 1e6
 
+    def fixed(self, path: str) -> np.ndarray:
+        """A fixed argument's array (a .npy file, relative to the manifest's folder)."""
+        if path not in self._fixed:
+            self._fixed[path] = np.load(os.path.join(self.dir, path), allow_pickle=False)
+        return self._fixed[path]
+
+    def _check_fault_page(self, kernel: dict, args: list) -> None:
+        """Raise when the kernel recorded a fault in its page (word 0 not zero)."""
+        name = kernel.get("fault_page")
+        for (param, _, _), arg in zip(kernel["params"], args):
+            if name and param == name and int(arg.numpy()[0]) != 0:
+                raise RuntimeError(f"fault page: a barrier wait or the grid barrier gave up "
+                                   f"({arg.numpy()[:9].tolist()})")
+
+    def measure_rprogram(self, kernel: dict) -> dict:
+        """An rProgram's time: fixed arguments as given, seeded data for the rest (outputs
+        included), a warm-up run, the fault page checked before and after the timing."""
+        import tvm
+
+        rng = np.random.default_rng(self.seed)
+        fixed = kernel.get("fixed") or {}
+        arrays = [self.fixed(fixed[name]) if name in fixed else seeded_array(shape, dtype, rng)
+                  for name, shape, dtype in kernel["params"]]
+        args = [tvm.runtime.tensor(a, self.dev) for a in arrays]
+        self.lib(kernel["library"])[kernel["function"]](*args)
+        self.dev.sync()
+        self._check_fault_page(kernel, args)
+        us = self._time(kernel, args)
+        self._check_fault_page(kernel, args)
+        return {"kernel_us": us, "default_us": None, "valid": True, "error": None,
+                "tolerance": None}
+
     def reference_outputs(self, key: str) -> list:
         if key not in self._ref_out:
             self._ref_out[key] = self._run(self.by_key[key], 0.0)[1]
@@ -178,6 +218,8 @@ class _Runner:
 
     def measure(self, kernel: dict) -> dict:
         """One kernel's result (without the fields copied from the manifest)."""
+        if kernel["role"] == "rprogram":
+            return self.measure_rprogram(kernel)
         dtypes = [d for _, _, d in kernel["params"][len(kernel["params"]) - kernel["num_outputs"]:]]
         tolerance = tolerance_for(dtypes)
         if kernel["role"] == "reference":
@@ -204,7 +246,8 @@ class _Runner:
 
 def _fields(kernel: dict) -> dict:
     return {k: kernel.get(k) for k in ("key", "label", "operator", "role", "reference", "library",
-                                       "function", "registers", "shared_bytes", "model")}
+                                       "function", "registers", "shared_bytes", "model",
+                                       "references")}
 
 
 def pending(manifest: dict, out_path: str) -> list:
