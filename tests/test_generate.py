@@ -101,6 +101,38 @@ def test_the_check_detects_caches_not_threaded(gpt2):
     assert len(step.runs) == 6  # one build, one emulator run per step
 
 
+class _OnnxruntimeStep(generate.DecodeStep):
+    """A step handed in by the caller: onnxruntime itself (no emulator, no C++ compiler)."""
+
+    device = "onnxruntime step"
+
+    def __init__(self, proto):
+        from tvm_rammer.run.runner import reference_session
+
+        self.sig, self.run = generate.decode_signature(proto), reference_session(proto)
+
+    def step(self, feeds, caches):
+        outs = self.run({**feeds, **dict(zip(self.sig.cache_inputs, caches))})
+        return outs[0], outs[1:]
+
+
+def test_generate_runs_the_step_its_caller_hands_in(gpt2):
+    """``emulate=`` is a step factory (the CLI hands in the emulator's): generate calls it with the
+    model, target and config, drives its steps and checks them; the loop's tokens are an
+    independent onnxruntime loop's."""
+    made = []
+
+    def factory(proto, target, config):
+        made.append((proto.graph.name, target, config))
+        return _OnnxruntimeStep(proto)
+
+    result = generate.generate(gpt2, 5, "rammer/nvidia-h100", None, prompt_token=7,
+                               emulate=factory)
+    assert made == [("gpt2_decode", "rammer/nvidia-h100", None)]
+    assert result["ok"] and result["device"] == "onnxruntime step" and result["max_rel_err"] == 0
+    assert [t[0] for t in result["tokens"]] == _ort_greedy(gpt2, 5, prompt=7)
+
+
 def test_a_model_of_another_form_is_one_line(tmp_path, capsys):
     path = str(tmp_path / "b.onnx")
     save_model(get_model("branches", **REDUCED["branches"]), path)

@@ -8,6 +8,8 @@ an ``EmulatedModule`` whose ``launch`` runs one kernel launch, every CUDA thread
 :mod:`.interpret` executes ``main`` in Python with numpy buffers, each PrimFunc call as its
 launches. :func:`emulate` puts them together and raises ``tvm_rammer.codegen.faults.KernelFault`` when a
 persistent kernel recorded a fault in the module's fault page, as ``tvm-rammer run`` does on a GPU.
+:mod:`.run` and :mod:`.generate` are the emulator's side of ``run --emulate`` / ``demo`` and of
+``generate --emulate`` (a decode step compiled once, run once per token).
 """
 
 from .compile import EmulationBuild, emulation_build
