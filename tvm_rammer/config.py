@@ -136,6 +136,14 @@ class RammerConfig:
         for reduced SqueezeNet's kernel). The pool becomes dynamic shared memory (the same size).
         The ROCm back end ignores it. False: every body inline in the one kernel function (as
         before).
+    prefetch_weights: before a vEU of a CUDA persistent kernel polls a barrier-rTask's waits, it
+        issues L2 prefetches of the weights (constants, never tensors produced in the rProgram)
+        the rTask after the barrier reads, its share of its operator's (``codegen.persistent``),
+        and the cost model overlaps that read with the wait: such an rTask is charged
+        ``max(wait, weight read) + the rest`` (``scheduling.cost_model``; what Hazy Research's
+        megakernel does across its barriers, issue 34). The bandwidth and barrier figures are
+        unchanged; the gain is unmeasured until a GPU run. The emulator ignores the prefetches;
+        the ROCm back end emits none (and charges none). False: no prefetch, no overlap.
     weights: "embedded" (default): the model's weights are constants of the library. "apart": an
         ONNX model is imported with its initializers as parameters, the weight rewrites (batch
         norm folding, W's row blocks, stacked weights, interleaved columns, constant folding) are
@@ -178,6 +186,7 @@ class RammerConfig:
     block_us: float = 1.0
     rkernel_functions: bool = True
     weights: str = "embedded"
+    prefetch_weights: bool = True
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

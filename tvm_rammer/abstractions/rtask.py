@@ -45,6 +45,10 @@ class RKernel:
         blocks_per_rtask: thread blocks of the lowered kernel one rTask runs one after the other
             (rTask coarsening: the same kernel code, fewer and longer rTasks, so fewer rProgram
             instructions to dispatch); ``num_rtasks`` is then ``ceil(blocks / blocks_per_rtask)``.
+        prefetch_us: the part of ``time_us`` that is the rTask's read of its share of the
+            operator's weights, which the persistent kernel prefetches into L2 while the vEU
+            waits at the barrier-rTask before it (``scheduling.cost_model.weight_read_us``); 0
+            where no prefetch is emitted. The policy overlaps it with that wait.
     """
 
     name: str
@@ -56,6 +60,7 @@ class RKernel:
     source: str
     payload: object = field(default=None, compare=False, hash=False)
     blocks_per_rtask: int = 1
+    prefetch_us: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive_int("RKernel", "num_rtasks", self.num_rtasks)
@@ -68,6 +73,10 @@ class RKernel:
             raise TypeError(f"RKernel.time_us must be a number, got {self.time_us!r}")
         if not math.isfinite(self.time_us) or self.time_us <= 0:
             raise ValueError(f"RKernel.time_us must be a finite positive number of microseconds, got {self.time_us}")
+        if isinstance(self.prefetch_us, bool) or not isinstance(self.prefetch_us, (int, float)) \
+                or not 0 <= self.prefetch_us < self.time_us:
+            raise ValueError(f"RKernel.prefetch_us must be a number in [0, time_us={self.time_us}), "
+                             f"got {self.prefetch_us!r}")
 
     @property
     def work_us(self) -> float:
@@ -91,6 +100,8 @@ class ROperator:
         kernels: the rKernel versions, at least one.
         flops, bytes: the operator's total floating-point operations and memory traffic, when known
             (input to the analytical cost model).
+        prefetch_inputs: positions (among its call's arguments) of the weights its rTasks have
+            prefetched into L2 across the barrier-rTask before them (``RKernel.prefetch_us``).
     """
 
     uid: int
@@ -98,6 +109,7 @@ class ROperator:
     kernels: list[RKernel]
     flops: float | None = None
     bytes: float | None = None
+    prefetch_inputs: tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, list) or not self.kernels:

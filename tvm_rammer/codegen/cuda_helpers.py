@@ -357,3 +357,33 @@ __device__ __forceinline__ void rammer_record(int64_t* __restrict__ timeline, in
   slot[2] = (int64_t)sm;
 }
 """
+
+# --- weights prefetched across a barrier (RammerConfig(prefetch_weights=True); issue 34) ------------
+# Before a vEU polls a barrier-rTask's wait list, its threads issue L2 prefetches of the weight
+# ranges the rTask after the barrier reads (its share of its operator's constants in the weights
+# blob), so the wait overlaps that memory traffic (Hazy Research's megakernel does the same). The
+# record at ``program[at]``: the number of ranges, then <first 128-byte line, lines> per range,
+# lines counted from the blob's start. Only constants are ever named (codegen.persistent): never a
+# tensor an rTask of the rProgram writes, which a prefetch could read before it is written (a
+# prefetch is only a hint, but it must not name memory being written). ``prefetch.global.L2`` has
+# no architectural effect; the emulator (a CPU) has no L2 to warm: there it does nothing.
+
+PREFETCH_NAME = "rammer_prefetch_l2"
+PREFETCH_LINE_BYTES = 128
+
+PREFETCH_SOURCE = r"""
+__device__ __forceinline__ void rammer_prefetch_l2(const unsigned char* __restrict__ weights,
+                                                  const int* __restrict__ program, int at, int tid,
+                                                  int nthreads) {
+#ifndef RAMMER_EMULATE
+  const int ranges = program[at];
+  for (int r = 0; r < ranges; ++r) {
+    const long long first = (long long)program[at + 1 + 2 * r];
+    const int lines = program[at + 2 + 2 * r];
+    for (int i = tid; i < lines; i += nthreads) {
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(weights + (first + i) * RAMMER_LINE_BYTES));
+    }
+  }
+#endif
+}
+""".replace("RAMMER_LINE_BYTES", str(PREFETCH_LINE_BYTES))

@@ -44,13 +44,24 @@ Table layout (int32)::
 
     [0, V]                 first instruction of vEU v is at offsets[v], one past its last at offsets[v+1]
     [V+1, V+1+4*I)         instructions (kind, a, b, c): kind 0 = barrier-rTask, a = table index of its
-                           first wait pair, b = number of pairs; kind k+1 = rTask of dispatch
+                           first wait pair, b = number of pairs, c = table index of its prefetch
+                           record (0: none); kind k+1 = rTask of dispatch
                            entry k, a = rtask_id, b = step to publish (0 = nobody waits for it),
                            c = table index of the operator's record
     [.., ..+2*W)           wait pairs of all barrier-rTasks: <vEU, step> (wait until state[vEU] >=
                            step) or <-(k+1), count> (wait until operator counter k >= count)
-    [.., end)              one record per operator: its counter k (-1 when no barrier waits for the
+    [.., ..)               one record per operator: its counter k (-1 when no barrier waits for the
                            whole operator), then its arena offsets (elements)
+    [.., end)              prefetch records (``PersistentKernelSpec.prefetch_slot``): the number of
+                           ranges, then <first line, lines> per range (128-byte lines of the
+                           weights blob) that the rTask after the barrier-rTask reads
+
+Weights prefetched across barriers (``RammerConfig(prefetch_weights=True)``, CUDA only): a
+barrier-rTask whose next rTask reads constants (the weights blob, ``codegen.tensors``) first has
+its threads issue ``prefetch.global.L2`` for that rTask's share of them (rTask r of n: bytes
+``[size * r / n, size * (r + 1) / n)`` of each constant, so an operator's rTasks together name it
+whole), then polls (``cuda_helpers.PREFETCH_SOURCE``); the cost model overlaps that read with the
+wait (``scheduling.cost_model``). Tensors produced in the rProgram are never named.
 
 The state (a per-run call_tir output) is int32[V + STATE_WORDS + K]: the step of each vEU, the
 error word and the fault record (``cuda_helpers.STATE_WORDS`` words), then the K
@@ -134,6 +145,7 @@ class PersistentKernelSpec:
     wait_timeout_ns: int = 10_000_000_000  # a barrier-rTask gives up after this long (globaltimer)
     timeline: bool = False  # instrumented build: per-instruction start/end/SM (module docstring)
     rkernel_functions: bool = True  # each entry's body its own device function (rkernel_functions.py)
+    prefetch_slot: int | None = None  # the weights blob (an input slot) barriers prefetch from
 
     def __post_init__(self):
         if not self.entries:
@@ -144,6 +156,11 @@ class PersistentKernelSpec:
                 f"vEU width {self.veu_threads} is narrower than the widest rTask ({widest} threads)")
         if not 0 <= self.num_inputs <= len(self.tensors):
             raise ValueError(f"num_inputs={self.num_inputs} outside [0, {len(self.tensors)}]")
+        if self.prefetch_slot is not None and not (
+                0 <= self.prefetch_slot < self.num_inputs
+                and self.tensors[self.prefetch_slot].dtype == "uint8"):
+            raise ValueError(f"prefetch_slot={self.prefetch_slot} is not a uint8 input slot (the "
+                             "weights blob)")
 
     @property
     def shared_bytes(self) -> int:
@@ -151,12 +168,31 @@ class PersistentKernelSpec:
         return max(e.kernel.shared_bytes for e in self.entries)
 
 
-def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = None) -> np.ndarray:
+def prefetch_lines(ranges, rtask_id: int, num_rtasks: int) -> tuple:
+    """The <first line, lines> pairs (``cuda_helpers.PREFETCH_LINE_BYTES``-byte lines of the weights
+    blob) rTask ``rtask_id`` of ``num_rtasks`` prefetches: its share ``[size * r / n,
+    size * (r + 1) / n)`` of each ``(byte offset, bytes)`` range, empty shares left out."""
+    line = cuda_helpers.PREFETCH_LINE_BYTES
+    pairs = []
+    for offset, size in ranges:
+        lo = offset + size * rtask_id // num_rtasks
+        hi = offset + size * (rtask_id + 1) // num_rtasks
+        if hi > lo:
+            pairs.append((lo // line, (hi - 1) // line - lo // line + 1))
+    return tuple(pairs)
+
+
+def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = None,
+                   prefetch: dict | None = None) -> np.ndarray:
     """The rProgram as the kernel's int32 table.
 
     ``dispatch`` maps operator uid -> (dispatch index, arena offsets of that operator). ``num_veus``
     may drop trailing vEUs whose queues are empty (they would idle in the grid sync).
+    ``prefetch`` maps operator uid -> (its rTask count, ``((byte offset, bytes), ...)`` of the
+    constants it reads in the weights blob): a barrier-rTask followed by an rTask of such an
+    operator gets a prefetch record (:func:`prefetch_lines`); None or {}: no barrier prefetches.
     """
+    prefetch = prefetch or {}
     num_veus = len(program.prog) if num_veus is None else num_veus
     if any(program.prog[num_veus:]):
         raise ValueError(f"cannot drop vEUs >= {num_veus}: they have rTasks")
@@ -167,6 +203,7 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     for op, (_, offsets) in dispatch.items():
         offsets_of[op] = len(records)
         records.extend((counter.get(op, -1), *offsets))
+    fetches, fetch_at = [], {}  # prefetch records (flat) and record -> its index in them
     starts = [0]
     for veu, queue in enumerate(program.prog[:num_veus]):
         for order, task in enumerate(queue):
@@ -176,7 +213,18 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
                     wait_at[key] = len(waits)
                     waits.extend((other, other_order + 1) for other, other_order in task.waits)
                     waits.extend((-(counter[op] + 1), count) for op, count in task.ops)
-                insts.append((BARRIER_KIND, wait_at[key], len(task.waits) + len(task.ops), 0))
+                after = queue[order + 1] if order + 1 < len(queue) else None
+                lines = ()
+                if isinstance(after, RTask) and after.op in prefetch:
+                    num_rtasks, ranges = prefetch[after.op]
+                    lines = prefetch_lines(ranges, after.rtask_id, num_rtasks)
+                fetch = -1
+                if lines:
+                    if lines not in fetch_at:
+                        fetch_at[lines] = len(fetches)
+                        fetches.extend((len(lines), *(w for pair in lines for w in pair)))
+                    fetch = fetch_at[lines]
+                insts.append((BARRIER_KIND, wait_at[key], len(task.waits) + len(task.ops), fetch))
             elif isinstance(task, RTask):
                 publish = order + 1 if (veu, order) in awaited else 0
                 insts.append((dispatch[task.op][0] + 1, task.rtask_id, publish, offsets_of[task.op]))
@@ -186,17 +234,22 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     inst_base = num_veus + 1
     wait_base = inst_base + INST_WORDS * len(insts)
     record_base = wait_base + 2 * len(waits)
-    table = np.zeros(record_base + len(records), dtype=np.int64)
+    fetch_base = record_base + len(records)
+    table = np.zeros(fetch_base + len(fetches), dtype=np.int64)
     table[:inst_base] = starts
     if insts:
         body = np.asarray(insts, dtype=np.int64)
         barrier = body[:, 0] == BARRIER_KIND
         body[barrier, 1] = wait_base + 2 * body[barrier, 1]  # pair index -> absolute table index
         body[~barrier, 3] += record_base
+        fetching = barrier & (body[:, 3] >= 0)
+        body[fetching, 3] += fetch_base  # record index -> absolute table index (> 0)
+        body[barrier & ~fetching, 3] = 0
         table[inst_base:wait_base] = body.reshape(-1)
     if waits:
         table[wait_base:record_base] = np.asarray(waits, dtype=np.int64).reshape(-1)
-    table[record_base:] = records
+    table[record_base:fetch_base] = records
+    table[fetch_base:] = fetches
     info = np.iinfo(np.int32)
     if table.size and (table.max() > info.max or table.min() < info.min):
         raise ValueError("the rProgram table does not fit int32 (arena larger than 2 GiB?)")
@@ -323,7 +376,14 @@ def build_persistent_func(spec: PersistentKernelSpec, num_veus: int, table_len: 
         record = tirx.IfThenElse(tid == 0, tirx.Evaluate(dialect.call(
             cuda_helpers.RECORD_NAME, _ptr(timeline), start + pc, began,
             source_code=cuda_helpers.RECORD_SOURCE)), None)
+    fetch = []
+    if spec.prefetch_slot is not None and dialect.kind == "cuda":  # module docstring
+        fetch = [tirx.IfThenElse(_uniform(arg_c > 0), tirx.Evaluate(dialect.call(
+            cuda_helpers.PREFETCH_NAME, _ptr(buffers[spec.prefetch_slot]), _ptr(program), arg_c,
+            tid, tirx.const(spec.veu_threads, INT32), source_code=cuda_helpers.PREFETCH_SOURCE)),
+            None)]
     cases = [tirx.IfThenElse(_uniform(kind == BARRIER_KIND), tirx.SeqStmt([
+        *fetch,
         tirx.Evaluate(dialect.call(
             cuda_helpers.WAIT_NAME, _ptr(program), _ptr(state), arg_a, arg_b,
             tirx.const(spec.veu_threads, INT32), tid, veu, tirx.const(num_veus, INT32), pc,

@@ -37,6 +37,7 @@ from tvm import relax
 
 from relay_passes.dataflow_graph import DataflowGraph, becomes_view
 from relay_passes.group_rprograms import RammerGroupRPrograms, RProgramCall
+from relay_passes.lift_weights import weight_params
 from tir_templates.default_schedule import schedule_like_default
 from tir_templates.prelower import UnsupportedKernel
 from tir_templates.rtask_rewrite import early_exit_problem, instantiate
@@ -50,6 +51,7 @@ from ..codegen.executor import MANIFEST_ATTR, build_manifest
 from ..codegen.faults import PAGE_FUNC, inject_test_fault, page_constant, page_function
 from ..scheduling.policies import get_policy
 from ..scheduling.policy import OpGraph
+from . import prefetch
 from .report import FALLBACK_ATTR, REPORT_ATTR, UNPLACED_ATTR
 from ..codegen.resources import ResourceProbe
 from ..target import plain_target, rkernel_target, target_arch
@@ -415,6 +417,9 @@ def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, v
         _check_on_emulator(candidates, target)
     built, ops = {}, {}
     resident = rkernels.resident_inputs(graph, rkernels.cost_config(config, vdevice).l2_resident_bytes)
+    fetching = prefetch.enabled(config, target)
+    boxes: dict = {}  # PrimFunc name -> prefetch.whole_reads of it
+    weights = set(weight_params(graph.func)) if fetching else set()
     for node in graph.nodes:
         if node.kind == "alias" or node.index in skipped:
             continue
@@ -437,6 +442,11 @@ def collect_operators(graph: DataflowGraph, mod, target, config: RammerConfig, v
         if cand.checked is not None:
             op = dataclasses.replace(op, versions_checked=cand.checked,
                                      dropped=cand.emulator_dropped + list(op.dropped))
+        if fetching:  # weights prefetched across the barrier before its rTasks (prefetch.py)
+            name = node.gvar.name_hint
+            op = prefetch.with_prefetch(
+                op, node, lambda n=name: boxes.setdefault(n, prefetch.whole_reads(mod[n])),
+                weights, config, vdevice, resident.get(node.index, ()))
         ops[node.index] = dataclasses.replace(op, uid=node.index)
     for index, reason in skipped.items():
         LOG.info("tvm-rammer: %s stays an ordinary kernel: %s", graph.nodes[index].name, reason)
@@ -478,6 +488,10 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
     node_ids = list(plan.ops)
     spec, tensors = _spec_for(f"rammer_rprogram{k}", graph, node_ids, plan.selected,
                               op_graph.ops, config)
+    fetches = prefetch.prefetch_ranges(graph, node_ids, op_graph.ops, plan.selected, tensors)
+    if fetches:  # the weights blob is the one slot named "weights" (codegen.tensors)
+        slot = next(i for i, t in enumerate(spec.tensors[:spec.num_inputs]) if t.name == "weights")
+        spec = dataclasses.replace(spec, prefetch_slot=slot)
     registers = probe.registers(spec, target)
     if registers is not None and vdevice.occupancy(spec.veu_threads, registers,
                                                    spec.shared_bytes) != plan.veus_per_sm:
@@ -486,7 +500,8 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
                            for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
     # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
-    table = encode_program(plan.program, tensors.dispatch, num_veus)  # timed: never injected
+    table = encode_program(plan.program, tensors.dispatch, num_veus,
+                           fetches)  # timed: never injected
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
                                  instantiate, veus_per_sm=plan.veus_per_sm,
                                  counters=num_counters(plan.program))

@@ -35,13 +35,23 @@ step-flag wait between two vEUs) and ``grid_sync_us`` (the one grid-wide sync a 
 barriers needs to reset its step array; measured for cooperative groups' grid sync, which the kernel
 used until 2026-11-27: its own software barrier, ``codegen.cuda_helpers.GRID_SYNC_SOURCE``, is not
 measured yet).
+
+Weights read across a barrier (``weight_read_us``; Hazy Research's megakernel, issue 34): before a
+vEU polls a barrier-rTask's wait list, the persistent kernel issues L2 prefetches of the share of
+weights (constants, never tensors produced in the rProgram) that the rTask after the barrier reads
+(``codegen.persistent``, ``RammerConfig(prefetch_weights=True)``). The policy then charges that
+rTask ``max(wait, weight_read) + (time - weight_read)`` instead of ``wait + time``, where
+``weight_read`` is the rTask's share of the operator's weight bytes at the vEU's share of DRAM
+bandwidth (the same figures as above, nothing tuned): the wait overlaps the memory traffic, and
+the rTask then finds its weights in L2. An rKernel carries it as ``RKernel.prefetch_us`` (0 where
+no prefetch is emitted, and the model charges no overlap there).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
 
-__all__ = ["CostModelConfig", "rtask_time_us"]
+__all__ = ["CostModelConfig", "rtask_time_us", "weight_read_us"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +100,17 @@ def rtask_time_us(flops: float, bytes: float, num_rtasks: int, veus_per_sm: int,
     memory_s = ((bytes - l2_bytes) / (config.mem_bw_gbps * 1e9)
                 + l2_bytes / (config.l2_bw_gbps * 1e9)) * share / num_rtasks
     return 1e6 * max(compute_s, memory_s) + config.per_rtask_overhead_us
+
+
+def weight_read_us(weight_bytes: float, num_rtasks: int, veus_per_sm: int,
+                   config: CostModelConfig = CostModelConfig()) -> float:
+    """Microseconds one of ``num_rtasks`` rTasks takes to read its share of ``weight_bytes`` from
+    DRAM on a vEU sharing its SM with ``veus_per_sm - 1`` others: the memory term of
+    :func:`rtask_time_us` for those bytes alone (what an L2 prefetch issued before the rTask's
+    barrier-rTask overlaps with the wait; module docstring)."""
+    if num_rtasks < 1 or veus_per_sm < 1:
+        raise ValueError(f"num_rtasks and veus_per_sm must be >= 1, got {num_rtasks} and {veus_per_sm}")
+    if weight_bytes < 0:
+        raise ValueError(f"weight_bytes must be >= 0, got {weight_bytes}")
+    share = config.num_sms * veus_per_sm
+    return 1e6 * weight_bytes / (config.mem_bw_gbps * 1e9) * share / num_rtasks

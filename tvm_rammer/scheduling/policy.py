@@ -269,9 +269,17 @@ def _efficient_index(op: ROperator, vdevice: VDevice, config: PolicyConfig) -> i
     return min(_fitting(op, vdevice, config), key=lambda i: (op.kernels[i].work_us, i))
 
 
-def select_veus(free: list[float], ready: float, count: int, time_us: float) -> list[int]:
+def select_veus(free: list[float], ready: float, count: int, time_us: float,
+                overlap_us: float = 0.0) -> list[int]:
     """SelectvEU for ``count`` rTasks of one operator (paper 3.3): each goes to the vEU where it can start
-    first, ``max(free[v], ready)``, ties broken by the lowest vEU index. Updates ``free`` in place."""
+    first, ``max(free[v], ready)``, ties broken by the lowest vEU index. Updates ``free`` in place.
+
+    ``overlap_us`` (``RKernel.prefetch_us`` of an operator that waits at a barrier-rTask): the
+    first rTask on each vEU, the one after the barrier, has its weights prefetched from the
+    moment the vEU reaches the barrier (``free[v]``), so it ends at
+    ``max(start, free[v] + overlap_us) + time_us - overlap_us`` (``cost_model``'s docstring)."""
+    if overlap_us > 0:
+        return _select_overlapping(free, ready, count, time_us, overlap_us)
     num = len(free)
     chosen: list[int] = []
     if all(f <= ready for f in free):
@@ -294,6 +302,28 @@ def select_veus(free: list[float], ready: float, count: int, time_us: float) -> 
     for _ in range(count):
         start, veu = heapq.heappop(heap)
         end = start + time_us
+        free[veu] = end
+        chosen.append(veu)
+        heapq.heappush(heap, (end, veu))
+    return chosen
+
+
+def _select_overlapping(free: list[float], ready: float, count: int, time_us: float,
+                        overlap_us: float) -> list[int]:
+    """:func:`select_veus` with a weight prefetch overlapping each vEU's barrier wait: the same
+    choice (the earliest start, ties by the lowest vEU), other end times."""
+    arrived = list(free)
+    first = [True] * len(free)
+    heap = [(max(f, ready), v) for v, f in enumerate(free)]
+    heapq.heapify(heap)
+    chosen = []
+    for _ in range(count):
+        start, veu = heapq.heappop(heap)
+        if first[veu]:
+            end = max(start, arrived[veu] + overlap_us) + time_us - overlap_us
+            first[veu] = False
+        else:
+            end = start + time_us
         free[veu] = end
         chosen.append(veu)
         heapq.heappush(heap, (end, veu))
@@ -327,7 +357,8 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
             inside = [p for p in graph.preds_of(op) if p in op_finish]
             ready = max(op_finish[p] for p in inside) + config.cost.barrier_us if inside else 0.0
             has_waits = has_waits or bool(inside)
-            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us)
+            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us,
+                               kernel.prefetch_us if inside else 0.0)
             if inside and config.max_waits_per_op is not None:
                 entries = sum(_wait_entries(veu_of[p]) for p in inside)
                 if len(set(veus)) * entries > config.max_waits_per_op:

@@ -10,7 +10,10 @@ To a profiler a persistent kernel is one long kernel. This module opens it:
 - :func:`predict` simulates one schedule on the CPU: each vEU runs its queue in order, an rTask takes
   its rKernel's predicted time, a barrier-rTask ends ``barrier_us`` after the last rTask it waits for
   has ended (at once when they all ended before the vEU got there), as the policy's cost model
-  (``policy.select_veus``) assumes; rPrograms follow one another ``launch_us`` apart;
+  (``policy.select_veus``) assumes; an rTask right after a barrier-rTask whose operator has
+  ``prefetch_us`` (its weights prefetched while the vEU waited) ends at
+  ``max(its start, the barrier's start + prefetch_us) + rtask_us - prefetch_us``, as the policy
+  charges it; rPrograms follow one another ``launch_us`` apart;
 - :func:`decode` reads the buffer an instrumented kernel (``RammerConfig(timeline=True)``,
   ``codegen.persistent``) writes: per instruction, in table order, ``(start ns, end ns, SM id)`` of
   ``%globaltimer``/``%smid`` recorded by the vEU's first thread;
@@ -116,6 +119,7 @@ def schedule_of(index: int, kernel: str, plan, op_graph, num_veus: int, num_sms:
         ops[str(op)] = {"name": op_graph.ops[op].name, "version": _version(rkernel),
                         "kernel": str(rkernel.name), "rtasks": int(rkernel.num_rtasks),
                         "rtask_us": float(rkernel.time_us),
+                        "prefetch_us": float(rkernel.prefetch_us),
                         "preds": [int(p) for p in op_graph.preds_of(op)]}
     return {"format": FORMAT, "index": int(index), "kernel": kernel, "num_veus": int(num_veus),
             "veus_per_sm": int(plan.veus_per_sm), "num_sms": int(num_sms),
@@ -171,6 +175,7 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
     free = [float(offset_us)] * len(prog)
     pos = [0] * len(prog)
     blocked: dict = {}
+    barrier_start: dict = {}  # vEU -> when it reached its latest barrier-rTask
     ready = deque(range(len(prog)))
 
     def op_finished(op):
@@ -194,9 +199,15 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
                 last = max([ends[tuple(w)] for w in item[1]]
                            + [op_end[int(op)][1] for op, _ in op_waits])
                 end = max(start, last + barrier_us)
+                barrier_start[veu] = start
                 slices.append(_barrier_slice(schedule, veu, sm, order, item, start, end))
             else:
-                end = start + schedule["ops"][str(item[1])]["rtask_us"]
+                info = schedule["ops"][str(item[1])]
+                end = start + info["rtask_us"]
+                overlap = info.get("prefetch_us", 0.0)
+                if overlap > 0 and order > 0 and prog[veu][order - 1][0] == "barrier":
+                    arrived = barrier_start[veu]  # its prefetch began when the vEU got there
+                    end = max(start, arrived + overlap) + info["rtask_us"] - overlap
                 slices.append(_task_slice(schedule, veu, sm, order, item, start, end))
                 done, latest = op_end.get(int(item[1]), (0, 0.0))
                 op_end[int(item[1])] = (done + 1, max(latest, end))

@@ -1,0 +1,242 @@
+"""Weights prefetched across barrier-rTasks (issue 34, RammerConfig(prefetch_weights=True)): the
+emitted prefetch, the table's records, and the cost model's overlap ``max(wait, weight read) +
+the rest`` (policy, predicted timeline), with negative controls."""
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from tvm_rammer.abstractions.rprogram import RProgram
+from tvm_rammer.abstractions.rtask import RKernel, ROperator, RTask
+from tvm_rammer.abstractions.vdevice import VDevice
+from tvm_rammer.codegen import cuda_helpers
+from tvm_rammer.codegen.persistent import (BARRIER_KIND, INST_WORDS, encode_program,
+                                           prefetch_lines)
+from tvm_rammer.scheduling import timeline
+from tvm_rammer.scheduling.cost_model import CostModelConfig, rtask_time_us, weight_read_us
+from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule, select_veus
+
+LINE = cuda_helpers.PREFETCH_LINE_BYTES
+
+
+# --- the cost model -----------------------------------------------------------------------------
+
+def test_weight_read_is_the_memory_term_of_the_same_bytes():
+    """weight_read_us is rtask_time_us's memory term for the weights alone (nothing tuned)."""
+    cost = CostModelConfig()
+    read = weight_read_us(2_359_296, 96, 2, cost)  # GPT-2 small's c_attn in fp32, 96 rTasks
+    assert read == pytest.approx(rtask_time_us(0, 2_359_296, 96, 2, cost)
+                                 - cost.per_rtask_overhead_us)
+    assert read == pytest.approx(2_359_296 / 3000e9 * 132 * 2 / 96 * 1e6)
+    with pytest.raises(ValueError):
+        weight_read_us(-1, 1, 1, cost)
+
+
+def test_rkernel_prefetch_must_be_part_of_its_time():
+    RKernel("k", 4, 128, None, 0, 3.0, "t", prefetch_us=2.5)
+    for bad in (3.0, -0.1, True):
+        with pytest.raises(ValueError, match="prefetch_us"):
+            RKernel("k", 4, 128, None, 0, 3.0, "t", prefetch_us=bad)
+
+
+def test_select_veus_overlaps_the_wait_only_where_there_is_one():
+    """vEU 0 reaches the barrier at 0 and waits until 3: its prefetch (2 us) is done by then, so
+    its rTask takes 4 - 2; vEU 1 arrives at 4, after the barrier opened: no wait, no saving."""
+    free = [0.0, 4.0]
+    assert select_veus(free, 3.0, 2, 4.0, overlap_us=2.0) == [0, 1]
+    assert free == [max(3.0, 0.0 + 2.0) + 4.0 - 2.0, 4.0 + 4.0]
+    free = [0.0, 0.0]  # a wait shorter than the read: max(wait, read) + the rest
+    select_veus(free, 1.0, 1, 4.0, overlap_us=2.5)
+    assert free[0] == pytest.approx(2.5 + 4.0 - 2.5)
+    plain = [0.0, 4.0]
+    select_veus(plain, 3.0, 2, 4.0)  # control: no overlap, the sum
+    assert plain == [7.0, 8.0]
+
+
+def _chain(prefetch_us):
+    """A -> B on one vEU of an H100-shaped device: B waits A's end + barrier_us."""
+    a = RKernel("a", 1, 1024, 64, 0, 10.0, "t")
+    b = RKernel("b", 1, 1024, 64, 0, 6.0, "t", prefetch_us=prefetch_us)
+    return OpGraph({0: ROperator(0, "a", [a]), 1: ROperator(1, "b", [b])}, {1: [0]}, [[0], [1]],
+                   set())
+
+
+def test_policy_charges_the_overlap_by_the_formula():
+    """Both rTasks land on vEU 0 (the first free one): B's vEU reaches the barrier when A ends
+    (t = 10) and waits barrier_us; its read (here 0.5 or 3 us) overlaps that wait: the makespan
+    drops by min(barrier_us, read) exactly."""
+    vdev = VDevice.for_arch("sm_90")
+    config = PolicyConfig(max_veus=1)
+    base = schedule(_chain(0.0), vdev, config)[0].predicted_us
+    for read in (0.5, 3.0):
+        got = schedule(_chain(read), vdev, config)[0].predicted_us
+        assert base - got == pytest.approx(min(config.cost.barrier_us, read))
+
+
+def test_predicted_timeline_charges_what_the_policy_charges():
+    sched = {"format": timeline.FORMAT, "index": 0, "kernel": "k", "num_veus": 2,
+             "veus_per_sm": 1, "num_sms": 2, "barrier_us": 0.8, "launch_us": 4.0,
+             "predicted_us": 0.0,
+             "ops": {"0": {"name": "a", "version": "v", "kernel": "a", "rtasks": 1,
+                           "rtask_us": 10.0, "prefetch_us": 0.0, "preds": []},
+                     "1": {"name": "b", "version": "v", "kernel": "b", "rtasks": 2,
+                           "rtask_us": 6.0, "prefetch_us": 3.0, "preds": [0]}},
+             "prog": [[["task", 0, 0], ["barrier", [], [[0, 1]]], ["task", 1, 0]],
+                      [["barrier", [[0, 0]], []], ["task", 1, 1]]]}
+    slices = {(s.veu, s.order): s for s in timeline.predict(sched).slices}
+    # vEU 0 reaches its barrier at 10, waits 0.8 < 3: its rTask ends at 10 + 3 + 6 - 3
+    assert slices[(0, 2)].end_us == pytest.approx(16.0)
+    # vEU 1 reaches its barrier at 0 and waits 10.8 > 3: the read is hidden, 10.8 + 6 - 3
+    assert slices[(1, 1)].end_us == pytest.approx(13.8)
+    sched["ops"]["1"]["prefetch_us"] = 0.0  # control: the sums
+    slices = {(s.veu, s.order): s for s in timeline.predict(sched).slices}
+    assert (slices[(0, 2)].end_us, slices[(1, 1)].end_us) == pytest.approx((16.8, 16.8))
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+def test_prefetch_lines_cover_each_range_once_over_the_rtasks():
+    ranges = ((4096, 10_000), (20_480, 300))
+    covered = set()
+    for r in range(7):
+        for first, lines in prefetch_lines(ranges, r, 7):
+            covered.update(range(first, first + lines))
+    want = set(range(4096 // LINE, (4096 + 10_000 - 1) // LINE + 1)) | set(
+        range(20_480 // LINE, (20_480 + 300 - 1) // LINE + 1))
+    assert covered == want
+    assert prefetch_lines(((0, 100),), 0, 200) == ()  # an empty share names nothing
+
+
+def _records(table, num_veus):
+    """(vEU, kind, c) of every instruction, in table order."""
+    base = num_veus + 1
+    found = []
+    for veu in range(num_veus):
+        for i in range(table[veu], table[veu + 1]):
+            kind, _, _, c = table[base + INST_WORDS * i: base + INST_WORDS * (i + 1)]
+            found.append((veu, int(kind), int(c)))
+    return found
+
+
+def test_only_barriers_before_a_prefetching_operator_get_a_record():
+    """Op 1 reads weights (in the prefetch map), op 2 does not: only the barrier before op 1's
+    rTask names ranges, which are that rTask's share; op 2's barrier has c = 0."""
+    prog = RProgram(3)
+    prog.append(RTask(0, 0), 0)
+    prog.wait(RTask(1, 0), [RTask(0, 0)])
+    prog.append(RTask(1, 0), 1)
+    prog.wait(RTask(2, 0), [RTask(0, 0)])
+    prog.append(RTask(2, 0), 2)
+    dispatch = {0: (0, ()), 1: (0, ()), 2: (0, ())}
+    table = encode_program(prog, dispatch, 3, {1: (2, ((1024, 4096),))})
+    barriers = [(veu, c) for veu, kind, c in _records(table, 3) if kind == BARRIER_KIND]
+    assert len(barriers) == 2
+    (_, c0), (_, c1) = sorted(barriers)
+    assert c0 > 0 and c1 == 0
+    pairs = table[c0]
+    assert pairs == 1 and tuple(table[c0 + 1: c0 + 3]) == prefetch_lines(((1024, 4096),), 0, 2)[0]
+    plain = encode_program(prog, dispatch, 3)  # control: no map, no record, the old table
+    assert all(c == 0 for _, kind, c in _records(plain, 3) if kind == BARRIER_KIND)
+    assert plain.size < table.size
+
+
+@pytest.mark.nvcc
+def test_prefetch_helper_compiles_to_an_l2_prefetch(tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    src = tmp_path / "p.cu"
+    src.write_text(cuda_helpers.PREFETCH_SOURCE + r"""
+extern "C" __global__ void k(const unsigned char* w, const int* p, float* out) {
+  rammer_prefetch_l2(w, p, 1, threadIdx.x, blockDim.x);
+  out[threadIdx.x] = w[threadIdx.x];
+}
+""")
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "p.ptx"), str(src)],
+                   check=True, capture_output=True, timeout=300)
+    assert "prefetch.global.L2" in (tmp_path / "p.ptx").read_text()
+
+
+# --- a compiled decode step ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpt2_builds():
+    """Reduced gpt2_decode for the H100 preset (no GPU, nothing measured), prefetch on and off."""
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks.emulator.compile import emulation_build
+    from tvm_rammer.models import REDUCED, get_model
+
+    model = get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+    return model, {on: emulation_build(model, "rammer/nvidia-h100", RammerConfig(
+        num_sms=132, profile=False, prefetch_weights=on)) for on in (True, False)}
+
+
+def test_emitted_prefetch_names_only_weights_before_their_reader(gpt2_builds):
+    """Every barrier with a prefetch record is followed by an rTask of an operator that reads a
+    constant whole (a MatMul's weight, a LayerNorm's gamma), its ranges inside that operator's
+    constants in the weights blob; operators reading no constant (attention, cache writes, the
+    residual add) never prefetch, nor do the Gathers (their tables are read by index)."""
+    from tvm_rammer.codegen.executor import manifests
+
+    _, builds = gpt2_builds
+    assert "rammer_prefetch_l2(" in builds[True].cuda_source
+    assert "rammer_prefetch_l2" not in builds[False].cuda_source  # control: flag off
+    scheds = {s["kernel"]: s for s in timeline.schedules_of(builds[True].relax_mod)}
+    fetched = controls = 0
+    for man in manifests(builds[True].relax_mod):
+        table, num_veus = np.asarray(man["table"]), man["num_veus"]
+        ops = scheds[man["kernel"]]["ops"]
+        prog = scheds[man["kernel"]]["prog"]
+        constants = {k: v for k, v in man["tensors"].items()
+                     if man["slots"][v["slot"]]["role"] == "constants"}
+        for veu in range(num_veus):
+            for order, item in enumerate(prog[veu]):
+                at = num_veus + 1 + INST_WORDS * (table[veu] + order)
+                if item[0] != "barrier":
+                    continue
+                after = prog[veu][order + 1]
+                c = int(table[at + 3])
+                info = ops[str(after[1])]
+                assert (c > 0) == (info["prefetch_us"] > 0), (info["name"], c)
+                if not c:
+                    continue
+                fetched += 1
+                mine = [constants[t] for t in man["ops"][str(after[1])]["params"]
+                        if t in constants]
+                assert mine and all(t["producer"] is None for t in mine)
+                for r in range(int(table[c])):
+                    first, lines = table[c + 1 + 2 * r], table[c + 2 + 2 * r]
+                    lo, hi = first * LINE, (first + lines) * LINE
+                    assert any(t["offset"] // LINE * LINE <= lo
+                               and hi <= -(-(t["offset"] + t["nbytes"]) // LINE) * LINE
+                               for t in mine), (info["name"], lo, hi)
+        for op, info in ops.items():  # negative controls: no constant read, no prefetch
+            reads = man["ops"][op]["params"][:man["ops"][op]["reads"]]
+            if not any(t in constants for t in reads) or info["name"].startswith("take"):
+                assert info["prefetch_us"] == 0, info["name"]
+                controls += 1
+    assert fetched > 0 and controls > 0
+
+
+def test_predicted_decode_step_drops_by_the_overlap(gpt2_builds):
+    """The prediction with prefetch is lower, and each prefetching rTask after a barrier is
+    charged exactly max(its wait, prefetch_us) + rtask_us - prefetch_us (the cost model's own
+    figures, from the schedule)."""
+    _, builds = gpt2_builds
+    on = timeline.schedules_of(builds[True].relax_mod)
+    off = timeline.schedules_of(builds[False].relax_mod)
+    assert sum(s["predicted_us"] for s in on) < sum(s["predicted_us"] for s in off)
+    checked = 0
+    for sched in on:
+        slices = {(s.veu, s.order): s for s in timeline.predict(sched).slices}
+        for (veu, order), sl in slices.items():
+            info = sched["ops"].get(str(sl.op)) if sl.kind == "rtask" else None
+            if not info or not info["prefetch_us"] or order == 0 \
+                    or slices[(veu, order - 1)].kind != "barrier":
+                continue
+            bar = slices[(veu, order - 1)]
+            wait = bar.end_us - bar.start_us
+            want = max(wait, info["prefetch_us"]) + info["rtask_us"] - info["prefetch_us"]
+            assert sl.end_us - bar.start_us == pytest.approx(want)
+            checked += 1
+    assert checked > 0

@@ -1,0 +1,149 @@
+"""Weights prefetched across barrier-rTasks (``RammerConfig(prefetch_weights=True)``, issue 34).
+
+Before a vEU polls a barrier-rTask's waits, the persistent kernel issues L2 prefetches of the
+weights the rTask after it reads (``codegen.persistent``, ``cuda_helpers.PREFETCH_SOURCE``), and the
+cost model overlaps that read with the wait (``scheduling.cost_model.weight_read_us``). This module
+decides both sides from one rule, so the model charges the overlap exactly where code issues it:
+
+- :func:`prefetched_inputs`: which inputs of an operator are prefetched: constants (or weights
+  apart: weight parameters; never a tensor an operator produces), read whole by affine accesses
+  (an indirect read, a Gather's table, or a slice of a constant is not: its rows are unknown or
+  few), together at most the L2-resident bytes of the cost model, and not already counted as
+  L2-resident reads (``rkernels.resident_inputs``);
+- :func:`with_prefetch`: the rOperator with those positions and each rKernel's ``prefetch_us``
+  (its rTask's share of the bytes at DRAM bandwidth, at most its time less the dispatch overhead);
+- :func:`prefetch_ranges`: for an rProgram's table (``codegen.persistent.encode_program``), each
+  prefetching operator's rTask count and its constants' ``(byte offset, bytes)`` in the weights blob.
+
+In: dataflow-graph nodes, scheduled PrimFuncs, rOperators, a TensorPlan. Out: rOperators, dicts.
+CUDA targets only: the ROCm back end emits no prefetch, so it is charged none.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, sym
+
+from ..scheduling import rkernels
+from ..scheduling.cost_model import weight_read_us
+
+__all__ = ["enabled", "whole_reads", "prefetched_inputs", "with_prefetch", "prefetch_ranges"]
+
+
+def enabled(config, target) -> bool:
+    """Whether barrier-rTasks prefetch weights for this config and target (CUDA only)."""
+    return bool(config.prefetch_weights) and target is not None and target.kind.name == "cuda"
+
+
+def _nbytes(tensor) -> int:
+    return math.prod(int(d) for d in tensor.shape) * tvm.runtime.DataType(tensor.dtype).bits // 8
+
+
+def whole_reads(func) -> list:
+    """Per parameter of the scheduled PrimFunc ``func``: whether its blocks read it whole through
+    affine indices only (no index loaded from a tensor, every region bounded by constants, their
+    bounding box the whole parameter)."""
+    blocks = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, blocks.append)])
+    analyzer = sym.Analyzer()
+    boxes, bad = {}, set()
+    for block in blocks:
+        dom = {iv.var: sym.IntervalSet(iv.dom.min, iv.dom.min + iv.dom.extent - 1)
+               for iv in block.iter_vars}
+        for region in block.reads:
+            param = region.source
+            loads = []
+            for r in region.region:
+                tvm_ffi.structural_walk(r.min, [(tvm.ir.expr.TensorLoad, loads.append)])
+            if loads:
+                bad.add(param)
+                continue
+            box = []
+            for r in region.region:
+                lo = analyzer.int_set(r.min, dom).min_value
+                hi = analyzer.int_set(r.min + r.extent - 1, dom).max_value
+                if not (isinstance(lo, tvm.tirx.IntImm) and isinstance(hi, tvm.tirx.IntImm)):
+                    bad.add(param)
+                    break
+                box.append((int(lo), int(hi)))
+            else:
+                old = boxes.get(param)
+                boxes[param] = box if old is None else [
+                    (min(a, c), max(b, d)) for (a, b), (c, d) in zip(old, box)]
+    found = []
+    for param in func.params:  # a block region's source is the parameter itself
+        box = boxes.get(param)
+        shape = [int(d) for d in param.ty.shape]
+        found.append(param not in bad and box is not None and len(box) == len(shape)
+                     and all(lo <= 0 and hi >= n - 1 for (lo, hi), n in zip(box, shape)))
+    return found
+
+
+def _is_weight(t, weights: set) -> bool:
+    return t.is_constant or (t.producer is None and t.expr in weights)
+
+
+def prefetched_inputs(node, boxes, weights: set, l2_bytes: int, resident: tuple = ()) -> tuple:
+    """Positions of ``node``'s inputs its rTasks prefetch (module docstring). ``boxes``: a callable
+    returning :func:`whole_reads` of its scheduled PrimFunc (parameters in the order of the call's
+    arguments, then outputs), called only when an input is a weight; ``weights``: the graph's weight parameters
+    (weights apart), ``l2_bytes`` the cost model's L2-resident bytes, ``resident`` the positions
+    already read from L2."""
+    candidates = [pos for pos, t in enumerate(node.inputs)
+                  if pos not in resident and _is_weight(t, weights)]
+    if not candidates:
+        return ()
+    whole = boxes()
+    found, total = [], 0
+    for pos in candidates:
+        t = node.inputs[pos]
+        if pos >= len(whole) or not whole[pos] or any(node.inputs[p] == t for p in found):
+            continue  # indirect, or a part of the tensor: not prefetched whole
+        found.append(pos)
+        total += _nbytes(t)
+    return tuple(found) if found and total <= l2_bytes else ()
+
+
+def with_prefetch(op, node, boxes, weights: set, config, vdevice, resident: tuple = ()):
+    """``op`` (an rOperator of ``node``) with its prefetched inputs (:func:`prefetched_inputs`;
+    ``boxes``, ``weights`` as there) and every rKernel's ``prefetch_us``; ``op`` itself when
+    nothing is prefetched."""
+    cost = rkernels.cost_config(config, vdevice)
+    positions = prefetched_inputs(node, boxes, weights, cost.l2_resident_bytes, resident)
+    if not positions:
+        return op
+    nbytes = sum(_nbytes(node.inputs[p]) for p in positions)
+    kernels = []
+    for k in op.kernels:
+        try:
+            per_sm = vdevice.occupancy(k.threads, None, k.shared_bytes)
+        except ValueError:
+            kernels.append(k)
+            continue
+        read = weight_read_us(nbytes, k.num_rtasks, max(1, per_sm), cost)
+        read = min(read, k.time_us - cost.per_rtask_overhead_us)
+        kernels.append(dataclasses.replace(k, prefetch_us=read) if read > 0 else k)
+    return dataclasses.replace(op, kernels=kernels, prefetch_inputs=positions)
+
+
+def prefetch_ranges(graph, node_ids, ops: dict, selected: dict, tensors) -> dict:
+    """op uid -> (rTasks of its selected rKernel, ``((byte offset, bytes), ...)`` of its prefetched
+    inputs in the weights blob), for the operators of one rProgram whose rKernel prefetches."""
+    found = {}
+    for op in node_ids:
+        kernel = ops[op].kernels[selected[op]]
+        positions = getattr(ops[op], "prefetch_inputs", ())
+        if kernel.prefetch_us <= 0 or not positions:
+            continue
+        ranges = []
+        for pos in positions:
+            t = graph.nodes[op].inputs[pos]
+            _, offset = tensors.where[t]
+            if offset is not None:
+                ranges.append((int(offset), _nbytes(t)))
+        if ranges:
+            found[op] = (kernel.num_rtasks, tuple(ranges))
+    return found
