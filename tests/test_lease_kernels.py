@@ -450,3 +450,15 @@ def test_timing_times_an_rprogram_entry_with_its_fixed_arguments_and_reads_its_f
     assert db.get("rprogram", "faulty", device) is None  # a failure is not a fact
     assert json.loads((tmp_path / "timed" / "timed.json").read_text())["kernels"]["faulty"] \
         .startswith("run failed")
+
+
+def test_state_table_adds_the_rprogram_decisions_where_the_prepare_formed_them():
+    manifest = {"models": [
+        {"name": "m1", "decisive": ["a"], "measured": 1,
+         "rprograms": {"formed": 4, "measured": 1, "unmeasurable": 0, "candidates": 3, "built": 2,
+                       "left": 1}},
+        {"name": "m2", "decisive": ["b", "c"], "measured": 0, "rprograms": None}]}
+    rows = kernel_results.state_table(manifest, per_lease=4)
+    assert rows[0]["leases_left"] == 0 + 3 and rows[1]["leases_left"] == 1  # 3 slots an rProgram
+    text = kernel_results.state_markdown(rows, per_lease=4)
+    assert "| m1 | 1 | 1 | 0 | 4 | 1 | 3 | 3 |" in text and "| m2 | 2 | 0 | 2 | - | - | - | 1 |" in text

@@ -35,6 +35,7 @@ from ..host.gpu import DeviceId
 from ..tuning.profile_db import SHIPPED_DIR, JsonProfileDB
 from ..tuning.profiler import is_failure
 from .kernels import LEASE_KERNEL_S, SECONDS_PER_KERNEL, TIMED
+from .rprograms import RPROGRAM_SLOTS
 
 __all__ = ["import_results", "device_id", "profile_path", "seconds_per_kernel",
            "kernels_per_lease", "leases_needed", "state_table", "state_markdown",
@@ -192,7 +193,9 @@ def leases_needed(decisive: int, measured: int = 0, per_lease: int | None = None
 def state_table(manifest: dict, db=None, device: DeviceId | None = None,
                 per_lease: int | None = None) -> list:
     """One row per model of a prepare's ``manifest`` (``kernels.json``): ``{"model", "decisive",
-    "measured", "left", "leases_left"}``; measured counts the decisive keys with a record of
+    "measured", "left", "leases_left"}`` and, where the prepare formed its rPrograms, ``rprograms``
+    (the manifest's counts; ``leases_left`` then adds their candidates' leases, ``rprograms.
+    RPROGRAM_SLOTS`` kernels each); measured counts the decisive keys with a record of
     ``device`` in ``db`` (a profile database; None: the counts the prepare found). Models share
     kernels (a key counts for each model that needs it); ``leases_left`` is per model alone."""
     rows = []
@@ -202,9 +205,16 @@ def state_table(manifest: dict, db=None, device: DeviceId | None = None,
             measured = sum(1 for k in keys if _has(db, k, device))
         else:
             measured = int(m.get("measured", 0))
-        rows.append({"model": m["name"], "decisive": len(keys), "measured": measured,
-                     "left": len(keys) - measured,
-                     "leases_left": leases_needed(len(keys), measured, per_lease)})
+        row = {"model": m["name"], "decisive": len(keys), "measured": measured,
+               "left": len(keys) - measured,
+               "leases_left": leases_needed(len(keys), measured, per_lease)}
+        if "rprograms" in m:  # item 5: the model's rProgram decisions as the prepare found them
+            row["rprograms"] = m["rprograms"]
+            rp = m["rprograms"]
+            if rp is not None:
+                row["leases_left"] += math.ceil(rp["candidates"] * RPROGRAM_SLOTS
+                                                / (per_lease or kernels_per_lease()))
+        rows.append(row)
     return rows
 
 
@@ -216,6 +226,16 @@ def _has(db, key: str, device: DeviceId) -> bool:
 def state_markdown(rows: Sequence[dict], per_lease: int | None = None) -> str:
     """The per-model state as a markdown table (for benchmarks/README.md)."""
     n = per_lease or kernels_per_lease()
+    if any("rprograms" in r for r in rows):  # with the rProgram decisions (lease.rprograms)
+        lines = [f"| model | decisive kernels | measured | left | rPrograms formed | measured | "
+                 f"candidates | leases left (at {n} kernels/lease) |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            rp = r.get("rprograms") or {}
+            lines.append(f"| {r['model']} | {r['decisive']} | {r['measured']} | {r['left']} | "
+                         f"{rp.get('formed', '-')} | {rp.get('measured', '-')} | "
+                         f"{rp.get('candidates', '-')} | {r['leases_left']} |")
+        return "\n".join(lines) + "\n"
     lines = [f"| model | decisive kernels | measured | left | leases left (at {n} kernels/lease) |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['decisive']} | {r['measured']} | {r['left']} | {r['leases_left']} |"
