@@ -285,10 +285,18 @@ def _write_timeline(out: str, timelines, title: str) -> None:
           file=sys.stderr)
 
 
+def _bench_floor(mod, target) -> dict:
+    """``bench``'s floor of an imported model (benchmarks.floor, the target's nominal peaks: inspect
+    needs no GPU), handed in to ``inspect`` (a later stage than views)."""
+    from .benchmarks import floor
+    peaks = floor.nominal_peaks(target)
+    return {**floor.floor(floor.op_costs(mod), peaks), "peaks": peaks.source}
+
+
 def cmd_inspect(args) -> int:
     from .views import inspection
     summary, lowered = _timed(args, lambda extra: inspection.inspect_lowered(
-        args.model, args.target, _config(args), timings=extra))
+        args.model, args.target, _config(args), timings=extra, floor_of=_bench_floor))
     timelines = None
     if args.timeline:
         from .scheduling.timeline import predict_all, schedules_of

@@ -59,6 +59,24 @@ def summarize(rammer_mod: tvm.IRModule, default_mod: tvm.IRModule | None = None)
     return summary
 
 
+def prediction_line(summary: dict) -> str:
+    """One line: the predicted inference (rPrograms + ordinary kernels) and, when known, the
+    floor (``bench``'s: the largest of the compute, memory and critical-path bounds)."""
+    parts = summary.get("prediction") or {}
+    calls = sum(k["calls"] for k in parts.get("ordinary_kernels", []))
+    line = (f"predicted inference: {summary['predicted_us']:.1f} us (rPrograms "
+            f"{parts.get('rprograms_us', 0.0):.1f} us + {calls} ordinary kernel calls "
+            f"{parts.get('ordinary_us', 0.0):.1f} us)")
+    floor = summary.get("floor") or {}
+    if summary.get("floor_us") is not None:
+        line += (f"; floor {summary['floor_us']:.1f} us ({floor.get('bound', '?')} bound"
+                 + (f", {summary['predicted_us'] / summary['floor_us']:.1f}x"
+                    if summary["floor_us"] > 0 else "") + ")")
+    elif floor.get("error"):
+        line += f"; floor: not computed ({floor['error']})"
+    return line
+
+
 def format_schedule(summary: dict) -> str:
     """A short human-readable schedule."""
     lines = [f"rPrograms: {summary['rprograms']}   kernel launches per inference: "
@@ -71,6 +89,8 @@ def format_schedule(summary: dict) -> str:
         path = summary["critical_path"]
         lines.append(f"critical path: {path['operators']} dependent operators, "
                      f"predicted {path['predicted_us']:.1f} us")
+    if summary.get("predicted_us") is not None:
+        lines.append(prediction_line(summary))
     for op in summary.get("unplaced", []):
         lines.append(f"  ordinary kernel: {op['name']}: {op['reason']}")
     for fb in summary.get("fallbacks", []):

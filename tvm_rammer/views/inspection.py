@@ -14,6 +14,7 @@ from ..scheduling.critical_path import rprogram_critical_paths
 from ..driver.frontend import import_onnx, lower
 from ..driver.report import summarize
 from ..target import resolve_target
+from .prediction import predict_inference
 
 
 def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
@@ -24,11 +25,13 @@ def lower_default(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=None,
                     timings: list | None = None, shapes: dict | None = None,
-                    batch: int | None = None) -> tuple:
+                    batch: int | None = None, floor_of=None) -> tuple:
     """``(summary, rammer-lowered module)``: :func:`inspect_model`'s dict and the module it read
     (``timeline.schedules_of`` takes the predicted timeline from it). ``timings``: a list that gets
     ("TVM default pipeline", seconds) for the baseline's lowering; ``shapes`` / ``batch`` bind an
-    ONNX model's symbolic inputs (``frontend.import_onnx``)."""
+    ONNX model's symbolic inputs (``frontend.import_onnx``). ``floor_of(imported module, target)``:
+    the model's floor as ``tvm-rammer bench`` computes it (a dict with ``floor_us``), handed in by
+    the CLI (``benchmarks.floor`` is a later stage): :func:`add_floor`."""
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model, shapes, batch)
     capture = _BeforePass(GROUPING_PASS)
     current = tvm.transform.PassContext.current()
@@ -52,16 +55,43 @@ def inspect_lowered(model, target, config: RammerConfig | None = None, profiler=
         from ..rocm.report import add_code_objects  # pylint: disable=import-outside-toplevel
         add_code_objects(summary, rammer_mod, resolved)
     add_critical_paths(summary, capture.captured, (config or RammerConfig()).barrier_us)
+    add_prediction(summary, rammer_mod, resolved, config)
+    if floor_of is not None:
+        add_floor(summary, lambda: floor_of(mod, resolved))
     return summary, rammer_mod
+
+
+def add_prediction(summary: dict, lowered: tvm.IRModule, target,
+                   config: RammerConfig | None = None) -> None:
+    """Add ``predicted_us`` (the cost model's whole inference: every rProgram's prediction plus
+    every ordinary kernel's launch and analytical time, ``views.prediction``) and its parts
+    (``prediction``: rprograms_us, ordinary_us, ordinary_kernels, unpriced) to the summary."""
+    found = predict_inference(lowered, target, config)
+    summary["predicted_us"] = found["predicted_us"]
+    summary["prediction"] = {k: v for k, v in found.items() if k != "predicted_us"}
+
+
+def add_floor(summary: dict, compute) -> None:
+    """Add ``floor_us`` and ``floor`` (the dict ``compute()`` returns: ``benchmarks.floor.floor``'s
+    bounds, ``bound`` the largest) to the summary; a floor that cannot be computed is
+    ``floor_us`` None and ``floor`` {"error": why}, as ``bench`` records it."""
+    try:
+        found = compute()
+    except Exception as err:  # pylint: disable=broad-except  (informative: never stops inspect)
+        found = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    summary["floor"] = found
+    summary["floor_us"] = found.get("floor_us")
 
 
 def inspect_model(model, target, config: RammerConfig | None = None, profiler=None,
                   timings: list | None = None, shapes: dict | None = None,
-                  batch: int | None = None) -> dict:
+                  batch: int | None = None, floor_of=None) -> dict:
     """One dict: rprograms, rtasks, veus, launches and default_launches (see report.summarize),
-    and ``critical_path`` (operators, predicted_us) of the model and of every rProgram.
-    ``shapes`` / ``batch`` bind an ONNX model's symbolic inputs (``frontend.import_onnx``)."""
-    return inspect_lowered(model, target, config, profiler, timings, shapes, batch)[0]
+    ``critical_path`` (operators, predicted_us) of the model and of every rProgram,
+    ``predicted_us`` of the whole inference (:func:`add_prediction`) and, given ``floor_of``,
+    ``floor_us`` (:func:`add_floor`). ``shapes`` / ``batch`` bind an ONNX model's symbolic inputs
+    (``frontend.import_onnx``)."""
+    return inspect_lowered(model, target, config, profiler, timings, shapes, batch, floor_of)[0]
 
 
 GROUPING_PASS = "RammerBackend"  # receives the fused, scheduled graph the policy places
