@@ -358,6 +358,9 @@ def test_rprogram_candidates_are_built_with_the_back_ends_key(shipped, tmp_path,
     assert kernels.prepare_kernels([SPEC], str(out), size_budget_mib=40) == manifest
     none = kernels.prepare_kernels([SPEC], str(tmp_path / "k2"), 40, rprograms=False)
     assert none["kernels"] == [] and none["models"][0]["rprograms"] is None
+    full = kernels.prepare_kernels([SPEC], str(tmp_path / "k3"), 40, max_kernels=2)  # < 3 slots
+    assert full["kernels"] == [] and full["models"][0]["rprograms"] is None
+    assert full["models"][0]["leases_needed"] is None  # not formed: not known
 
 
 def _decided(shipped, tmp_path, rammer_us: float) -> dict:
