@@ -62,11 +62,35 @@ def test_signature_of_the_zoo_decoders(gpt2):
     assert llama.cache_shapes[0] == (1, 2, 16, 16) and len(llama.cache_inputs) == 4
 
 
+@pytest.fixture(scope="module")
+def emulated(gpt2):
+    """The reduced GPT-2's step compiled once for the emulator, on the vDevice SMALL gives."""
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks.emulator.generate import emulated_step
+
+    return emulated_step(gpt2, "rammer/nvidia-h100",
+                         RammerConfig(num_sms=2, veus_per_sm=2, profile=False))
+
+
 @needs_cxx
-def test_generate_on_the_emulator_matches_onnxruntime_at_every_step(gpt2, gpt2_path, capsys):
+def test_generate_on_the_emulator_matches_onnxruntime_at_every_step(gpt2, gpt2_path, emulated,
+                                                                     capsys, monkeypatch):
     """8 tokens, the reduced GPT-2 compiled once: every step's logits within float32's 1e-4 of
-    onnxruntime's, the last caches too, and the tokens onnxruntime's greedy ones."""
+    onnxruntime's, the last caches too, and the tokens onnxruntime's greedy ones. The CLI hands in
+    checks.emulator.generate.emulated_step with the flags' target and vDevice (the fixture's step,
+    compiled with those, stands in for a second compilation)."""
+    from tvm_rammer.checks.emulator import generate as emulated_generate
+
+    asked = []
+
+    def same_step(proto, target, config):
+        asked.append((target, config.num_sms, config.veus_per_sm, config.profile))
+        return emulated
+
+    monkeypatch.setattr(emulated_generate, "emulated_step", same_step)
+    runs = len(emulated.runs)
     assert main(["generate", gpt2_path, "--tokens", "8", "--emulate", "--json", *SMALL]) == 0
+    assert asked == [("rammer/nvidia-h100", 2, 2, False)] and len(emulated.runs) == runs + 8
     result = json.loads(capsys.readouterr().out)
     assert result["device"] == "emulator" and result["ok"]
     assert len(result["step_rel_err"]) == 8 and max(result["step_rel_err"]) <= 1e-4
@@ -77,16 +101,12 @@ def test_generate_on_the_emulator_matches_onnxruntime_at_every_step(gpt2, gpt2_p
 
 
 @needs_cxx
-def test_the_check_detects_caches_not_threaded(gpt2):
+def test_the_check_detects_caches_not_threaded(gpt2, emulated):
     """Negative control: the same emulated step fed the empty caches at every step. Step 0 (empty
     caches either way) still matches; from step 1 on the logits are not onnxruntime's threaded
     ones, and the check says so; threaded, the same step matches (the control's control)."""
-    from tvm_rammer import RammerConfig
-    from tvm_rammer.checks.emulator.generate import emulated_step
-
     sig = generate.decode_signature(gpt2)
-    step = emulated_step(gpt2, "rammer/nvidia-h100", RammerConfig(num_sms=2, veus_per_sm=2,
-                                                                   profile=False))
+    step, runs = emulated, len(emulated.runs)
     for thread, ok in ((False, False), (True, True)):
         found = generate.decode(step, sig, 3, thread_caches=thread)
         ref = generate.reference_logits(gpt2, sig, found["tokens"])
@@ -98,7 +118,7 @@ def test_the_check_detects_caches_not_threaded(gpt2):
             text = generate.format_result(generate.result_of(found, ref, 1e-4, "emulator",
                                                              on_gpu=False))
             assert "MISMATCH: logits differ from step 1" in text
-    assert len(step.runs) == 6  # one build, one emulator run per step
+    assert len(step.runs) == runs + 6  # one build, one emulator run per step
 
 
 class _OnnxruntimeStep(generate.DecodeStep):
