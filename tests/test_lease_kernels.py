@@ -465,3 +465,15 @@ def test_state_table_adds_the_rprogram_decisions_where_the_prepare_formed_them()
     assert rows[0]["leases_left"] == 0 + 3 and rows[1]["leases_left"] == 1  # 3 slots an rProgram
     text = kernel_results.state_markdown(rows, per_lease=4)
     assert "| m1 | 1 | 1 | 0 | 4 | 1 | 3 | 3 |" in text and "| m2 | 2 | 0 | 2 | - | - | - | 1 |" in text
+
+
+def test_no_rprogram_is_formed_while_kernels_are_left_for_a_later_lease(recorded, tmp_path,
+                                                                       monkeypatch):
+    from tvm_rammer.lease import rprograms
+
+    monkeypatch.setattr(kernels, "record_jobs", lambda *args: recorded)
+    formed = []
+    monkeypatch.setattr(rprograms, "record_rprograms", lambda *args: formed.append(args))
+    manifest = kernels.prepare_kernels([SPEC], str(tmp_path / "k"), size_budget_mib=0)
+    assert manifest["kernels"] == [] and manifest["left_out"] == len(kernels.entries_of(recorded)[0])
+    assert not formed and manifest["models"][0]["rprograms"] is None

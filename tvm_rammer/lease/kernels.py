@@ -483,10 +483,10 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
                                                kernels_per_library, deadline)
     built = {k["key"] for k in kernels}
     found: dict = {}  # model name -> lease.rprograms.RecordedRPrograms (None: not formed)
-    if rprograms:
+    if rprograms:  # after the kernels: none while a kernel is left for a later lease
         rp_libs, rp_kernels, rp_left, found = _rprogram_entries(
             [rec for rec, _, _ in per_model], built, out_dir, tgt, db, config, timed,
-            None if max_kernels is None else max_kernels - len(entries),
+            0 if (left or cut) else None if max_kernels is None else max_kernels - len(entries),
             None if size_budget_mib is None else
             size_budget_mib - sum(lib["bytes"] for lib in libraries) / 2**20,
             kernels_per_library, deadline)
