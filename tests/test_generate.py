@@ -153,6 +153,37 @@ def test_generate_runs_the_step_its_caller_hands_in(gpt2):
     assert [t[0] for t in result["tokens"]] == _ort_greedy(gpt2, 5, prompt=7)
 
 
+def test_the_device_loop_keeps_the_caches_as_device_tensors(gpt2):
+    """DeviceStep (the GPU's step) on TVM's CPU device, the model built by TVM's default llvm
+    pipeline: every step's cache arguments are the very tensors the step before returned (no
+    host round trip), never numpy arrays; the logits match onnxruntime's and the tokens are its
+    greedy ones."""
+    import tvm
+
+    from tvm_rammer.driver.frontend import import_onnx
+
+    class Recording(generate.DeviceStep):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.given, self.returned = [], []
+
+        def step(self, feeds, caches):
+            logits, out = super().step(feeds, caches)
+            self.given.append(list(caches))
+            self.returned.append(out)
+            return logits, out
+
+    step = Recording(tvm.compile(import_onnx(gpt2), target="llvm"), tvm.cpu())
+    sig = generate.decode_signature(gpt2)
+    found = generate.decode(step, sig, 4)
+    for before, after in zip(step.returned, step.given[1:]):
+        assert all(a is b for a, b in zip(after, before))
+    assert all(isinstance(c, tvm.runtime.Tensor) for given in step.given for c in given)
+    verdict = generate.check(found, generate.reference_logits(gpt2, sig, found["tokens"]), 1e-4)
+    assert verdict["ok"], verdict
+    assert [t[0] for t in found["tokens"]] == _ort_greedy(gpt2, 4)
+
+
 def test_a_model_of_another_form_is_one_line(tmp_path, capsys):
     path = str(tmp_path / "b.onnx")
     save_model(get_model("branches", **REDUCED["branches"]), path)

@@ -9,7 +9,7 @@ onnxruntime, and the time of each step.
 The loop (:func:`decode`) is the same on every back end: step ``i`` feeds the current token at
 position ``i`` with the caches the previous step returned, takes the argmax of the logits as the
 next token (per sequence of the batch), and hands the step's caches to the next step as they are.
-A back end is a :class:`DecodeStep`: on a GPU (:class:`GPUStep`) the caches stay device tensors
+A back end is a :class:`DecodeStep`: on a GPU (:class:`DeviceStep`) the caches stay device tensors
 from step to step and only the logits come back to the host; the CPU emulator's step is handed in
 by the caller (``emulate=``, ``checks.emulator.generate.emulated_step``: ``checks`` comes after
 this stage). The reference (:func:`reference_logits`) runs onnxruntime over the same tokens, its
@@ -31,7 +31,7 @@ from ..host.gpu import gpu_available
 from ..numerics import relative_error
 from .runner import model_tolerance_of, reference_session
 
-__all__ = ["DecodeSignature", "decode_signature", "DecodeStep", "GPUStep", "decode",
+__all__ = ["DecodeSignature", "decode_signature", "DecodeStep", "DeviceStep", "decode",
            "reference_logits", "check", "check_tokens", "generate", "result_of", "format_result",
            "WARMUP_STEPS"]
 
@@ -155,10 +155,11 @@ class DecodeStep:
         return [np.asarray(c) for c in caches]
 
 
-class GPUStep(DecodeStep):
-    """The executable on the local GPU: the caches are device tensors from step to step (a step's
-    returned caches are the next step's arguments as they are); per token only ``input_ids`` and
-    ``position`` go up (16 bytes) and the logits come down."""
+class DeviceStep(DecodeStep):
+    """A TVM executable on a TVM device (the local GPU for ``generate``): the caches are device
+    tensors from step to step (a step's returned caches are the next step's arguments as they
+    are); per token only ``input_ids`` and ``position`` go up (16 bytes) and the logits come
+    down."""
 
     def __init__(self, executable, dev):
         import tvm
@@ -252,7 +253,7 @@ def _gpu_step(proto, target, config):
     from ..driver.frontend import compile as compile_model
 
     executable = compile_model(proto, target=target, config=config)
-    return GPUStep(executable, tvm.cuda(0))
+    return DeviceStep(executable, tvm.cuda(0))
 
 
 def generate(model, tokens: int, target, config: RammerConfig | None = None,
