@@ -30,6 +30,7 @@ from tvm import relax
 
 from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
+from relay_passes.cache_write import CacheSlotWrite
 from relay_passes.decode_attention import DecodeAttentionSplit
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
@@ -108,6 +109,7 @@ def graph_passes(config: RammerConfig) -> list:
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
+        CacheSlotWrite(),                              # KV-cache scatter: 1 injective kernel, not TVM's 2
         MemoLegalizeOps(),                             # every op -> call_tir (each signature built once)
         ExactPowers(),                                 # pow(x, 2) -> x * x: fast math's powf is NaN for x < 0
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern

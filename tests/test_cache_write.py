@@ -1,0 +1,337 @@
+"""CacheSlotWrite: a one-slot cache scatter becomes one injective kernel with ONNX's semantics.
+
+Structural (Before/Expected), numerics on llvm against numpy's ScatterND / ScatterElements (negative
+indices included), what the pass declines (index components not proven, other reductions and
+shapes: TVM's legalization, same numerics), and (slow) the reduced decoders compiled for
+rammer/nvidia-h100 without a GPU: one launch, matching onnxruntime on the CPU emulator with both
+cache writes, and a kernel writing the wrong slot detected there (negative control).
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I, relax as R, tirx as T
+
+from relay_passes import cache_write
+from relay_passes.cache_write import CacheSlotWrite
+from relay_passes.known_values import known_elements
+
+SHAPE = (1, 2, 4, 3)  # [B, heads, max_len, head_dim]
+BASE = [[[[0, 0, 0]], [[0, 1, 0]]]]  # (b, h, 0) for b = 0, h = 0..1: an exported index_put's
+
+
+@I.ir_module
+class Before:
+    @R.function
+    def main(cache: R.Tensor((1, 2, 4, 3), "float32"), new: R.Tensor((1, 2, 1, 3), "float32"),
+             position: R.Tensor((1,), "int64")) -> R.Tensor((1, 2, 4, 3), "float32"):
+        with R.dataflow():
+            slot = R.multiply(position, R.const([0, 0, 1], "int64"))
+            idx = R.add(R.const(BASE, "int64"), slot)
+            out = R.scatter_nd(cache, idx, new, reduction="update")
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Expected:
+    @T.prim_func(private=True, s_tir=True)
+    def cache_write(cache: T.Buffer((T.int64(1), T.int64(2), T.int64(4), T.int64(3)), "float32"),
+                    idx: T.Buffer((T.int64(1), T.int64(2), T.int64(1), T.int64(3)), "int64"),
+                    new: T.Buffer((T.int64(1), T.int64(2), T.int64(1), T.int64(3)), "float32"),
+                    T_cache_write: T.Buffer((T.int64(1), T.int64(2), T.int64(4), T.int64(3)),
+                                            "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i0, i1, i2, i3 in T.grid(T.int64(1), T.int64(2), T.int64(4), T.int64(3)):
+            with T.sblock("T_cache_write"):
+                v0, v1, v2, v3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
+                T.reads(idx[v0, v1, T.int64(0), T.int64(2)], new[v0, v1, T.int64(0), v3],
+                        cache[v0, v1, v2, v3])
+                T.writes(T_cache_write[v0, v1, v2, v3])
+                T_cache_write[v0, v1, v2, v3] = T.Select(
+                    T.Select(idx[v0, v1, T.int64(0), T.int64(2)] < T.int64(0),
+                             idx[v0, v1, T.int64(0), T.int64(2)] + T.int64(4),
+                             idx[v0, v1, T.int64(0), T.int64(2)]) == v2,
+                    new[v0, v1, T.int64(0), v3], cache[v0, v1, v2, v3])
+
+    @R.function
+    def main(cache: R.Tensor((1, 2, 4, 3), "float32"), new: R.Tensor((1, 2, 1, 3), "float32"),
+             position: R.Tensor((1,), "int64")) -> R.Tensor((1, 2, 4, 3), "float32"):
+        cls = Expected
+        with R.dataflow():
+            slot = R.multiply(position, R.const([0, 0, 1], "int64"))
+            idx = R.add(R.const(BASE, "int64"), slot)
+            out = R.call_tir(cls.cache_write, (cache, idx, new),
+                             out_ty=R.Tensor((1, 2, 4, 3), "float32"))
+            R.output(out)
+        return out
+
+
+def test_index_put_scatter_becomes_one_injective_kernel():
+    tvm.ir.assert_structural_equal(CacheSlotWrite()(Before), Expected)
+
+
+def _i64(value):
+    return relax.const(np.asarray(value, np.int64), "int64")
+
+
+def _scatter_nd_module(base, reduction="update", shape=SHAPE):
+    """main(cache, new, position) = ScatterND(cache, base + position * (0, .., 0, 1), new)."""
+    bb = relax.BlockBuilder()
+    n = np.shape(base)[-1]
+    cache = relax.Var("cache", relax.TensorType(shape, "float32"))
+    upd_shape = tuple(np.shape(base)[:-1]) + tuple(shape[n:])
+    new = relax.Var("new", relax.TensorType(upd_shape, "float32"))
+    position = relax.Var("position", relax.TensorType((1,), "int64"))
+    with bb.function("main", [cache, new, position]):
+        with bb.dataflow():
+            axis = np.zeros(n, np.int64)
+            axis[-1] = 1
+            slot = bb.emit(relax.op.multiply(position, _i64(axis)))
+            idx = bb.emit(relax.op.add(_i64(base), slot))
+            out = bb.emit_output(relax.op.scatter_nd(cache, idx, new, reduction=reduction))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _scatter_elements_module(index_shape, axis=2, shape=SHAPE):
+    """main(cache, new, index) = ScatterElements(cache, index, new, axis)."""
+    bb = relax.BlockBuilder()
+    cache = relax.Var("cache", relax.TensorType(shape, "float32"))
+    new = relax.Var("new", relax.TensorType(index_shape, "float32"))
+    index = relax.Var("index", relax.TensorType(index_shape, "int64"))
+    with bb.function("main", [cache, new, index]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.scatter_elements(cache, index, new, axis=axis))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod, *args):
+    ex = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def _rewritten(mod):
+    text = mod["main"].script()
+    return "R.call_tir(cache_write" in text and "scatter" not in text
+
+
+def test_scatter_nd_slot_write_is_onnx_scatter_nd_at_every_position():
+    """Every slot, and -1 (the last slot, as the frontend's index normalisation reads it)."""
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal(SHAPE).astype("float32")
+    new = rng.standard_normal((1, 2, 1, 3)).astype("float32")
+    mod = CacheSlotWrite()(_scatter_nd_module(BASE))
+    assert _rewritten(mod)
+    for p in (0, 2, 3, -1):
+        want = cache.copy()
+        want[:, :, p] = new[:, :, 0]
+        np.testing.assert_array_equal(_run(mod, cache, new, np.array([p], np.int64)), want)
+
+
+def test_scatter_elements_slot_write_is_onnx_scatter_elements_per_element():
+    """ScatterElements on axis 2 with a slot per element (not only per head): each (b, h, d)
+    writes its own slot, negative indices counted from the end."""
+    rng = np.random.default_rng(1)
+    cache = rng.standard_normal(SHAPE).astype("float32")
+    new = rng.standard_normal((1, 2, 1, 3)).astype("float32")
+    index = rng.integers(-4, 4, size=(1, 2, 1, 3)).astype("int64")
+    mod = CacheSlotWrite()(_scatter_elements_module((1, 2, 1, 3)))
+    assert _rewritten(mod)
+    want = cache.copy()
+    for b, h, _, d in np.ndindex(index.shape):
+        want[b, h, index[b, h, 0, d] % 4, d] = new[b, h, 0, d]
+    np.testing.assert_array_equal(_run(mod, cache, new, index), want)
+
+
+@pytest.mark.parametrize("base, why", [
+    ([[[[0, 1, 0]], [[0, 0, 0]]]], "heads swapped: not the indices' own coordinates"),
+    ([[[[0, 0, 0]], [[0, 0, 0]]]], "both heads write head 0 (duplicates)"),
+    ([[[[0, 0, 0], [0, 0, 1]], [[0, 1, 0], [0, 1, 1]]]], "two slots per head"),
+])
+def test_scatters_it_cannot_prove_one_slot_are_left_to_tvm(base, why):
+    """Leading components other than the coordinates, or more than one slot: not rewritten, and
+    TVM's legalization computes ONNX's result (the swapped heads land swapped)."""
+    mod = _scatter_nd_module(base)
+    after = CacheSlotWrite()(mod)
+    assert not _rewritten(after), why
+    tvm.ir.assert_structural_equal(after, mod)
+    rng = np.random.default_rng(2)
+    cache = rng.standard_normal(SHAPE).astype("float32")
+    new = rng.standard_normal(np.shape(base)[:-1] + (3,)).astype("float32")
+    want = cache.copy()
+    idx = np.asarray(base) + np.array([0, 0, 1])
+    for pos in np.ndindex(idx.shape[:-1]):
+        want[tuple(idx[pos])] = new[pos]
+    np.testing.assert_array_equal(_run(after, cache, new, np.array([1], np.int64)), want)
+
+
+def test_other_reductions_shapes_and_unknown_indices_are_left_alone():
+    declined = [
+        _scatter_nd_module(BASE, reduction="add"),
+        _scatter_elements_module((1, 2, 2, 3)),      # two slots along the axis
+        _scatter_elements_module((1, 1, 1, 3)),      # fewer heads than the cache
+    ]
+    bb = relax.BlockBuilder()  # ScatterND whose indices are an input: nothing proven
+    cache = relax.Var("cache", relax.TensorType(SHAPE, "float32"))
+    new = relax.Var("new", relax.TensorType((1, 2, 1, 3), "float32"))
+    idx = relax.Var("idx", relax.TensorType((1, 2, 1, 3), "int64"))
+    with bb.function("main", [cache, new, idx]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.scatter_nd(cache, idx, new))
+        bb.emit_func_output(out)
+    declined.append(bb.get())
+    for mod in declined:
+        tvm.ir.assert_structural_equal(CacheSlotWrite()(mod), mod)
+
+
+def test_known_elements_follow_the_frontends_negative_index_arithmetic():
+    """where(idx < 0, idx + shape, idx) of base + position * (0, 0, 1): components 0 and 1 known
+    (the constants), component 2 not (it is the position)."""
+    bb = relax.BlockBuilder()
+    position = relax.Var("position", relax.TensorType((1,), "int64"))
+    with bb.function("main", [position]):
+        with bb.dataflow():
+            slot = bb.emit(relax.op.multiply(position, _i64([0, 0, 1])))
+            idx = bb.emit(relax.op.add(_i64(BASE), slot))
+            neg = bb.emit(relax.op.less(idx, relax.const(0, "int64")))
+            wrapped = bb.emit(relax.op.add(idx, _i64([1, 2, 4])))
+            out = bb.emit_output(relax.op.where(neg, wrapped, idx))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    bindings = {b.var: b.value for b in func.body.blocks[0].bindings}
+    values, known = known_elements(bindings[func.body.blocks[0].bindings[-1].var], bindings.get)
+    assert known[..., :2].all() and not known[..., 2].any()
+    np.testing.assert_array_equal(values[..., :2], np.asarray(BASE)[..., :2])
+
+
+# In place: only the slot written, into the caller's cache (llvm).
+
+def _vm(mod):
+    return relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"]
+
+
+def test_in_place_write_updates_the_callers_cache_and_returns_it():
+    """inplace=True: R.call_tir_inplace of a kernel over the update only; the output is the
+    caller's cache tensor itself, updated at the slot and nowhere else (every slot, and -1)."""
+    mod = CacheSlotWrite(inplace=True)(_scatter_nd_module(BASE))
+    text = mod.script()
+    assert "R.call_tir_inplace(cls.cache_write_inplace" in text and "scatter" not in text
+    assert "T.grid(1, 2, 1, 3)" in text  # the update's elements, not the cache's
+    main = _vm(mod)
+    rng = np.random.default_rng(4)
+    for p in (0, 3, -1):
+        cache = rng.standard_normal(SHAPE).astype("float32")
+        new = rng.standard_normal((1, 2, 1, 3)).astype("float32")
+        want = cache.copy()
+        want[:, :, p] = new[:, :, 0]
+        callers = tvm.runtime.tensor(cache)
+        out = main(callers, tvm.runtime.tensor(new), tvm.runtime.tensor(np.array([p], np.int64)))
+        np.testing.assert_array_equal(callers.numpy(), want)
+        assert out.same_as(callers)
+
+
+def test_in_place_scatter_elements_writes_each_elements_slot():
+    rng = np.random.default_rng(5)
+    cache = rng.standard_normal(SHAPE).astype("float32")
+    new = rng.standard_normal((1, 2, 1, 3)).astype("float32")
+    index = rng.integers(-4, 4, size=(1, 2, 1, 3)).astype("int64")
+    mod = CacheSlotWrite(inplace=True)(_scatter_elements_module((1, 2, 1, 3)))
+    assert "R.call_tir_inplace" in mod.script()
+    want = cache.copy()
+    for b, h, _, d in np.ndindex(index.shape):
+        want[b, h, index[b, h, 0, d] % 4, d] = new[b, h, 0, d]
+    callers = tvm.runtime.tensor(cache)
+    _vm(mod)(callers, tvm.runtime.tensor(new), tvm.runtime.tensor(index))
+    np.testing.assert_array_equal(callers.numpy(), want)
+
+
+def test_a_cache_read_elsewhere_is_not_written_in_place():
+    """main returns the scattered cache and the old one's sum with it: writing in place would
+    change what the sum reads, so the injective kernel is used and the caller's cache is kept."""
+    bb = relax.BlockBuilder()
+    cache = relax.Var("cache", relax.TensorType(SHAPE, "float32"))
+    new = relax.Var("new", relax.TensorType((1, 2, 1, 3), "float32"))
+    position = relax.Var("position", relax.TensorType((1,), "int64"))
+    with bb.function("main", [cache, new, position]):
+        with bb.dataflow():
+            slot = bb.emit(relax.op.multiply(position, _i64([0, 0, 1])))
+            idx = bb.emit(relax.op.add(_i64(BASE), slot))
+            out = bb.emit(relax.op.scatter_nd(cache, idx, new))
+            both = bb.emit_output(relax.op.add(out, cache))
+        bb.emit_func_output(both)
+    mod = CacheSlotWrite(inplace=True)(bb.get())
+    assert "call_tir_inplace" not in mod.script() and _rewritten(mod)
+    rng = np.random.default_rng(6)
+    data = rng.standard_normal(SHAPE).astype("float32")
+    upd = rng.standard_normal((1, 2, 1, 3)).astype("float32")
+    callers = tvm.runtime.tensor(data)
+    got = _vm(mod)(callers, tvm.runtime.tensor(upd), tvm.runtime.tensor(np.array([1], np.int64)))
+    want = data.copy()
+    want[:, :, 1] = upd[:, :, 0]
+    np.testing.assert_array_equal(got.numpy(), want + data)
+    np.testing.assert_array_equal(callers.numpy(), data)
+
+
+# The reduced decoders: one persistent kernel per step, on the emulator.
+
+def _emulated(name, cache_kind, monkeypatch=None, wrong_slot=False):
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks import emulator
+    from tvm_rammer.models import REDUCED, get_model
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.run.runner import onnx_reference
+
+    if wrong_slot:  # negative control: every cache write lands one slot later
+        original = cache_write.slot_write
+
+        def late(data, indices, updates, **spec):
+            from tvm import te, tirx
+            last = indices.shape[-1] - 1  # ScatterND's slot component only
+            later = te.compute(indices.shape, lambda *i: indices(*i) + tirx.Select(
+                i[-1] == last, tirx.const(1, "int64"), tirx.const(0, "int64")), name="later")
+            return original(data, later, updates, **spec)
+
+        monkeypatch.setattr(cache_write, "slot_write", late)
+    model = get_model(name, cache_write=cache_kind, **REDUCED[name])
+    rng = np.random.default_rng(3)
+    feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([6], np.int64)}
+    for value in model.graph.input[2:]:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    result = emulator.emulate(model, feeds, config=RammerConfig(num_sms=2, veus_per_sm=2))
+    ref = onnx_reference(model, feeds)
+    return len(result.launches), [relative_error(o, r) for o, r in zip(result.outputs, ref)]
+
+
+def _need_compiler():
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, cache_kind", [
+    ("gpt2_decode", "scatter_nd"), ("gpt2_decode", "scatter_elements"),
+    ("llama_decode", "scatter_nd"), ("llama_decode", "scatter_elements"),
+])
+def test_reduced_decode_step_is_one_launch_matching_onnxruntime(name, cache_kind):
+    """Before the pass: 11 (gpt2) and 13 (llama) launches, each cache write 2 kernels of its own."""
+    _need_compiler()
+    launches, errors = _emulated(name, cache_kind)
+    assert launches == 1
+    assert max(errors) <= 1e-4, errors
+
+
+@pytest.mark.slow
+def test_a_cache_write_one_slot_late_is_detected_on_the_emulator(monkeypatch):
+    """Negative control: the same step with every slot written at position + 1 differs from
+    onnxruntime in the caches (and so in the logits: attention reads the slot at position)."""
+    _need_compiler()
+    launches, errors = _emulated("gpt2_decode", "scatter_nd", monkeypatch, wrong_slot=True)
+    assert launches == 1
+    assert min(errors[1:]) > 1e-2 and errors[0] > 1e-4, errors
