@@ -101,6 +101,18 @@ def test_generate_on_the_emulator_matches_onnxruntime_at_every_step(gpt2, gpt2_p
 
 
 @needs_cxx
+def test_generate_in_float16_on_the_emulator(gpt2, gpt2_path, capsys):
+    """--precision float16 on the fp32 export: checked at float16's tolerance (2e-2), computed in
+    half indeed (errors well above float32's), the tokens still onnxruntime's greedy ones."""
+    assert main(["generate", gpt2_path, "--tokens", "8", "--emulate", "--json",
+                 "--precision", "float16", *SMALL]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] and result["tolerance"] == 2e-2 and result["tokens_match"]
+    assert 1e-5 < max(result["step_rel_err"]) <= 2e-2, result["step_rel_err"]
+    assert [t[0] for t in result["tokens"]] == _ort_greedy(gpt2, 8)
+
+
+@needs_cxx
 def test_the_check_detects_caches_not_threaded(gpt2, emulated):
     """Negative control: the same emulated step fed the empty caches at every step. Step 0 (empty
     caches either way) still matches; from step 1 on the logits are not onnxruntime's threaded
