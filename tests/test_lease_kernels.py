@@ -477,3 +477,19 @@ def test_no_rprogram_is_formed_while_kernels_are_left_for_a_later_lease(recorded
     manifest = kernels.prepare_kernels([SPEC], str(tmp_path / "k"), size_budget_mib=0)
     assert manifest["kernels"] == [] and manifest["left_out"] == len(kernels.entries_of(recorded)[0])
     assert not formed and manifest["models"][0]["rprograms"] is None
+
+
+def test_the_prepare_hook_prints_the_rprogram_state_per_model(tmp_path, monkeypatch):
+    from tvm_rammer.lease import prepare as lease_prepare
+
+    rp = {"formed": 4, "measured": 1, "unmeasurable": 0, "candidates": 3, "built": 2, "left": 1}
+    monkeypatch.setattr(kernels, "prepare", lambda *a, **k: {
+        "kernels": 9, "libraries": 2, "mib": 0.5, "left_out": 1, "models": [
+            {"name": "two_branch", "rprograms": rp, "leases_needed": 2},
+            {"name": "branches", "rprograms": None, "leases_needed": None}]})
+    lines = []
+    spec = lease_prepare.LeaseSpec(models=("two_branch", "branches"), reduced=True)
+    lease_prepare._kernels_hook(spec, tmp_path, 120.0, lines.append)
+    assert "kernels: two_branch: 4 rPrograms formed, 1 measured, 3 candidates, 2 built, 1 left " \
+           "for a later lease; leases needed: 2" in lines
+    assert "kernels: branches: rPrograms not formed (no room left in this lease)" in lines
