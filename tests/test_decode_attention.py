@@ -173,6 +173,13 @@ def test_the_rule_keeps_ours_and_the_templates_list_their_versions():
     tvm.ir.assert_structural_equal(DecodeAttentionRule().apply(func).mod["main"], func)
     other = tirx.PrimFunc([], tirx.Evaluate(0))
     assert DecodeAttentionRule().apply(other) is None
+    # TVM has no kernel of its own for these: the first version is their default (the reference
+    # of the versions' emulator check, the kernel outside an rProgram)
+    from tir_templates.default_schedule import schedule_like_default
+    from tvm_rammer.target import plain_target, resolve_target
+
+    default = schedule_like_default(func, plain_target(resolve_target(TARGET)))
+    tvm.ir.assert_structural_equal(default, func.with_attr("tirx.is_scheduled", True))
     names = [t.name for t in template_schedules(func)]
     assert names == ["decode_attention_t32g1", "decode_attention_t32g2"]
     assert [t.name for t in template_schedules(combine_func(shape))] == ["decode_combine_t32"]

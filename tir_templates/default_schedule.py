@@ -24,6 +24,7 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
+from .decode_attention import DecodeAttentionRule
 from .plain_schedule import PLAIN_SCHEDULE, plain_schedule
 
 __all__ = ["default_rules", "default_schedule_pass", "schedule_like_default", "is_scheduled",
@@ -136,7 +137,13 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
 
 def schedule_like_default(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
     """``func`` (unscheduled) scheduled as TVM's default pipeline would for ``target``; None when no
-    rule applies or a rule fails (like a dlight rule, this never raises for a kernel it cannot do)."""
+    rule applies or a rule fails (like a dlight rule, this never raises for a kernel it cannot do).
+    A kernel made whole by a template for an operator TVM has none for (the split decode attention,
+    ``tir_templates.decode_attention``) is its own default: its first version, what the versions
+    are checked against and what the operator runs as outside an rProgram."""
+    own = DecodeAttentionRule().apply(func)
+    if own is not None:
+        return own.mod["main"].with_attr("tirx.is_scheduled", True)
     try:
         with target:
             out, _ = schedule_func(func, target, default_rules())
