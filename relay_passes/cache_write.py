@@ -37,6 +37,7 @@ from .known_values import known_elements, static_shape
 
 SCATTER_ND = tvm.ir.Op.get("relax.scatter_nd")
 SCATTER_ELEMENTS = tvm.ir.Op.get("relax.scatter_elements")
+SHAPE_OF = tvm.ir.Op.get("relax.shape_of")
 KERNEL_NAME = "cache_write"
 
 
@@ -164,11 +165,18 @@ def _leading_are_coordinates(indices, lookup, batch, data, axis):
 
 @relax.expr_functor.visitor
 class _Uses(relax.PyExprVisitor):
-    """How many times each variable is read in a function (its bindings' values, the body)."""
+    """How many times each variable is read in a function (its bindings' values, the body);
+    ``shape_of`` reads no element and is not counted (the ONNX frontend takes the cache's shape
+    for its negative-index arithmetic)."""
 
     def __init__(self):
         super().__init__()
         self.count = {}
+
+    def visit_call_(self, call):
+        if isinstance(call.op, tvm.ir.Op) and call.op.same_as(SHAPE_OF):
+            return
+        super().visit_call_(call)
 
     def visit_var_(self, var):
         self.count[var] = self.count.get(var, 0) + 1

@@ -278,6 +278,33 @@ def test_a_cache_read_elsewhere_is_not_written_in_place():
     np.testing.assert_array_equal(callers.numpy(), data)
 
 
+def test_in_place_decode_step_on_llvm_updates_the_callers_caches():
+    """The imported reduced gpt2_decode (1 layer) with inplace=True on llvm (TVM's default build):
+    both caches written by call_tir_inplace (the frontend's shape_of of the cache is no read), the
+    caller's cache tensors ARE the present outputs and equal onnxruntime's."""
+    from tvm_rammer.driver import frontend
+    from tvm_rammer.models import REDUCED, get_model
+    from tvm_rammer.run.runner import onnx_reference
+
+    model = get_model("gpt2_decode", **{**REDUCED["gpt2_decode"], "layers": 1})
+    mod = CacheSlotWrite(inplace=True)(frontend.import_onnx(model))
+    assert mod["main"].script().count("R.call_tir_inplace") == 2
+    feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([6], np.int64)}
+    rng = np.random.default_rng(7)
+    for value in model.graph.input[2:]:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    ref = onnx_reference(model, feeds)
+    args = [tvm.runtime.tensor(feeds[v.name]) for v in model.graph.input]
+    logits, key, value = _vm(mod)(*args)
+    assert key.same_as(args[2]) and value.same_as(args[3])
+    np.testing.assert_allclose(logits.numpy(), ref[0], rtol=1e-4, atol=1e-5)
+    for cache, want, old in zip(args[2:], ref[1:], (feeds["past_key_0"], feeds["past_value_0"])):
+        np.testing.assert_allclose(cache.numpy(), want, rtol=1e-5, atol=1e-6)
+        assert not np.array_equal(cache.numpy(), old)  # written, at slot 6 only
+        np.testing.assert_array_equal(np.delete(cache.numpy(), 6, axis=2), np.delete(old, 6, axis=2))
+
+
 # The reduced decoders: one persistent kernel per step, on the emulator.
 
 def _emulated(name, cache_kind, monkeypatch=None, wrong_slot=False):
