@@ -122,3 +122,23 @@ def test_cli_inspect_prints_both_in_json_and_in_one_line(tmp_path, capsys):
     assert len(lines) == 1
     assert f"{summary['predicted_us']:.1f} us" in lines[0]
     assert f"floor {summary['floor_us']:.1f} us" in lines[0]
+
+
+def test_an_rprogram_is_found_by_its_function_name_not_its_reports():
+    """The module may name an rProgram's function otherwise than its report's ``kernel`` (GPT-2
+    small's rammer_rprogram11 is the module's rammer_rprogram111): it is still an rProgram at its
+    report's prediction, not priced as an ordinary kernel."""
+    from tvm_rammer.driver.report import REPORT_ATTR
+    from tvm_rammer.views.inspection import inspect_lowered
+    from tvm_rammer.views.prediction import predict_inference
+
+    config = RammerConfig(profile=False)
+    summary, lowered = inspect_lowered(get_model("two_branch", **REDUCED["two_branch"]), TARGET,
+                                       config)
+    (report,) = summary["programs"]
+    gv = lowered.get_global_var(report["kernel"])
+    renamed = dict(report, kernel="rammer_rprogram_elsewhere")
+    lowered[gv] = lowered[gv].with_attr(REPORT_ATTR, json.dumps(renamed))
+    found = predict_inference(lowered, TARGET, config)
+    assert found["rprograms_us"] == pytest.approx(report["predicted_us"])
+    assert found["ordinary_kernels"] == [] and found["predicted_us"] == summary["predicted_us"]

@@ -27,6 +27,7 @@ external library call, a symbolic extent) are listed in ``unpriced`` and counted
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ from tir_templates.prelower import UnsupportedKernel, prelower
 
 from ..config import RammerConfig
 from ..driver.launches import kernels_in_primfunc
-from ..driver.report import rprogram_reports
+from ..driver.report import REPORT_ATTR
 from ..scheduling import rkernels
 from ..target import plain_target, resolve_target
 
@@ -165,7 +166,11 @@ def predict_inference(lowered: tvm.IRModule, target, config: RammerConfig | None
     launch = rkernels.cost_config(config, vdevice).launch_us
     prims = {gv.name_hint: f for gv, f in lowered.functions_items()
              if isinstance(f, tirx.PrimFunc)}
-    reports = {r["kernel"]: r for r in rprogram_reports(lowered)}
+    # keyed by the function's name in the module, which may differ from the report's "kernel"
+    # (spec.name): GPT-2 small's rammer_rprogram11 is the module's rammer_rprogram111
+    reports = {gv.name_hint: json.loads(str(f.attrs[REPORT_ATTR]))
+               for gv, f in lowered.functions_items()
+               if isinstance(f, tirx.PrimFunc) and f.attrs is not None and REPORT_ATTR in f.attrs}
     rprograms_us, ordinary_us, per_kernel, unpriced, priced = 0.0, 0.0, {}, [], {}
     for kind, name in _calls(lowered):
         if name in reports:  # an rProgram: its report's prediction, once per call
