@@ -52,10 +52,24 @@ def _unknown(shape, dtype="int64"):
     return np.zeros(shape, dtype), np.zeros(shape, bool)
 
 
-def known_elements(expr, lookup, _depth=0):
+def known_elements(expr, lookup):
     """See the module docstring."""
+    memo = {}
+
+    def known(e):
+        if e not in memo:  # a where reads its operand three times: each traced once
+            memo[e] = _known(e, lookup, known)
+        return memo[e]
+
+    try:
+        return known(expr)
+    except RecursionError:  # a chain too deep to trace: nothing proven
+        return None
+
+
+def _known(expr, lookup, known):
     shape = static_shape(getattr(expr, "ty", None))
-    if shape is None or int(np.prod(shape)) > _MAX_ELEMENTS or _depth > 64:
+    if shape is None or int(np.prod(shape)) > _MAX_ELEMENTS:
         return None
     if isinstance(expr, tvm.ir.expr.Constant):
         value = expr.value.numpy()
@@ -64,20 +78,23 @@ def known_elements(expr, lookup, _depth=0):
         bound = lookup(expr)
         if bound is None:
             return _unknown(shape, str(expr.ty.dtype))
-        return known_elements(bound, lookup, _depth + 1)
+        return known(bound)
     if not (isinstance(expr, relax.Call) and hasattr(expr.op, "name")):
         return _unknown(shape)
-    found = _call(expr, shape, lookup, _depth)
+    try:
+        found = _call(expr, known)
+    except (ValueError, TypeError, IndexError):  # numpy rejects what Relax accepted: not traced
+        found = None
     if found is None:
         return _unknown(shape)
-    values, known = found
+    values, mask = found
     if tuple(values.shape) != shape:
         return _unknown(shape)
-    return values, known
+    return values, mask
 
 
-def _arg(call, i, lookup, depth):
-    return known_elements(call.args[i], lookup, depth + 1)
+def _arg(call, i, known):
+    return known(call.args[i])
 
 
 _ARITH = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.less": np.less,
@@ -85,7 +102,7 @@ _ARITH = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.less": np.l
           "relax.less_equal": np.less_equal, "relax.greater_equal": np.greater_equal}
 
 
-def _call(call, shape, lookup, depth):  # pylint: disable=too-many-return-statements
+def _call(call, known):  # pylint: disable=too-many-return-statements
     name = call.op.name
     if name == "relax.shape_to_tensor":
         dims = _ints(call.args[0].ty.values) if isinstance(call.args[0].ty, relax.ShapeType) \
@@ -94,7 +111,7 @@ def _call(call, shape, lookup, depth):  # pylint: disable=too-many-return-statem
             return None
         return np.array(dims, np.int64), np.ones(len(dims), bool)
     if name in _ARITH or name == "relax.multiply":
-        a, b = _arg(call, 0, lookup, depth), _arg(call, 1, lookup, depth)
+        a, b = _arg(call, 0, known), _arg(call, 1, known)
         if a is None or b is None:
             return None
         (va, ka), (vb, kb) = a, b
@@ -103,7 +120,7 @@ def _call(call, shape, lookup, depth):  # pylint: disable=too-many-return-statem
             return np.multiply(va, vb), known
         return _ARITH[name](va, vb), np.broadcast_to(ka & kb, np.broadcast_shapes(ka.shape, kb.shape))
     if name == "relax.where":
-        parts = [_arg(call, i, lookup, depth) for i in range(3)]
+        parts = [_arg(call, i, known) for i in range(3)]
         if any(p is None for p in parts):
             return None
         (vc, kc), (va, ka), (vb, kb) = parts
@@ -113,14 +130,14 @@ def _call(call, shape, lookup, depth):  # pylint: disable=too-many-return-statem
         agreed = ka & kb & (va == vb)
         return value, picked | agreed
     if name == "relax.astype":
-        a = _arg(call, 0, lookup, depth)
+        a = _arg(call, 0, known)
         return None if a is None else (a[0].astype(str(call.attrs.dtype)), a[1])
-    return _layout(call, name, shape, lookup, depth)
+    return _layout(call, name, static_shape(call.ty), known)
 
 
-def _layout(call, name, shape, lookup, depth):
+def _layout(call, name, shape, known):
     """Operators that move elements: applied to the values and the known mask alike."""
-    a = _arg(call, 0, lookup, depth)
+    a = _arg(call, 0, known)
     if a is None:
         return None
     if name in ("relax.reshape", "relax.broadcast_to", "relax.expand_dims"):
