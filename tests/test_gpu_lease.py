@@ -308,7 +308,8 @@ def test_prepare_stops_a_build_in_flight_at_its_time_limit(tmp_path):
     and recorded "not built" (not a failure), so the next prepare builds it; control: the same
     build with no limit is built."""
     spec = lease_prepare.LeaseSpec(out=str(tmp_path / ".lease"), models=(), reduced=True,
-                                   cpu_check=True, bundle=False, kernels=False, time_limit_s=0.5)
+                                   cpu_check=True, bundle=False, kernels=False,
+                                   time_limit_s=lease_prepare.PACK_RESERVE_S + 0.5)
     index = lease_prepare.prepare(spec, log=lambda _: None)  # a child needs seconds to import TVM
     (rec,) = index["artifacts"].values()
     assert rec["error"].startswith("not built") and "during its build" in rec["error"]
