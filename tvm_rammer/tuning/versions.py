@@ -10,7 +10,9 @@ always kept:
    (``tvm-rammer tune`` writes one), each trace applied to the operator's unscheduled PrimFunc;
 2. ``dlight``: the schedule the rammer pipeline made, then dlight's rules re-run under other tile
    configurations (``Matmul.Config`` variants; every rule under narrower ``max_num_threads``);
-3. ``template``: our own parametrised schedules (``tir_templates.templates``).
+3. ``template``: our own parametrised schedules (``tir_templates.templates``); a decode step's
+   GEMVs' vectorised versions (``tir_templates.gemv_templates``) come right after the pipeline's
+   own schedule, so ``max_versions`` keeps them.
 
 A version that ``prelower`` rejects is dropped with its reason logged; one whose launch shape,
 read from its thread bindings (``prelower.bound_launch``), an earlier version already has is
@@ -37,6 +39,7 @@ from tvm import tirx
 from tvm.s_tir import dlight as dl
 
 from tir_templates.default_schedule import default_rules, is_scheduled, scheduled_by
+from tir_templates.gemv_templates import gemv_schedules
 from tir_templates.prelower import LoweredKernel, UnsupportedKernel, bound_launch, prelower
 from tir_templates.templates import template_schedules
 
@@ -231,6 +234,7 @@ _TEMPLATE_NAMES = (  # a template version's name -> (module, function) that make
      "schedule_gemm_small_batch"),
     (r"depthwise_h(\d+)w(\d+)_t(\d+)", "tir_templates.conv_templates", "schedule_depthwise_conv2d"),
     (r"mma_w(\d+)x(\d+)_f(\d+)x(\d+)_k(\d+)", "tir_templates.mma_templates", "schedule_gemm_mma"),
+    (r"gemv_v(\d+)_n(\d+)_k(\d+)", "tir_templates.gemv_templates", "schedule_gemv"),
 )
 
 
@@ -321,6 +325,8 @@ def kernel_versions(name: str, target: tvm.target.Target, *, scheduled: tirx.Pri
                        metaschedule_schedules(unscheduled, target, database, options.metaschedule_top_k)]
     if scheduled is not None:  # the pipeline's own schedule: dlight's, or a rule of ours
         candidates.append(("dlight", scheduled_by(scheduled) or "dlight", scheduled))
+    if unscheduled is not None and options.templates:  # before the variants: kept under the cap
+        candidates += [(t.name, "template", t.func) for t in gemv_schedules(unscheduled, target)]
     if unscheduled is not None and options.dlight_variants:
         candidates += [(n, "dlight", f) for n, f in dlight_schedules(unscheduled, target)]
     if unscheduled is not None and options.templates:
