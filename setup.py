@@ -38,7 +38,7 @@ setup(
     package_data={"tvm_rammer": ["profiles/*", "checks/emulator/include/**/*"]},
     extras_require={
         # the tutorials run as notebooks in a Jupyter kernel (tests/test_tutorials.py)
-        "test": ["pytest", "onnxruntime", "matplotlib", "nbclient", "nbformat", "ipykernel"],
+        "test": ["pytest", "pytest-xdist", "onnxruntime", "matplotlib", "nbclient", "nbformat", "ipykernel"],
         "bench": ["onnxruntime", "matplotlib"],
         "timeline": ["matplotlib"],  # the PNG of `--timeline` (the Perfetto JSON needs nothing)
         "torch": ["torch", "onnx2torch"],
