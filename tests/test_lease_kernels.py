@@ -414,12 +414,12 @@ def test_candidates_go_closest_to_a_tie_first_stable_ones_before():
     assert rprograms.leases_needed(5, None, 100) is None
 
 
-def _fault_kernel():
-    """An llvm stand-in of a persistent kernel: ``out = a * 2`` and its fault page's word 0 set to
-    the table's first word (a fault when it is not 0)."""
+def _fault_kernel(scale: float = 2.0):
+    """An llvm stand-in of a persistent kernel: ``out = a * scale`` and its fault page's word 0 set
+    to the table's first word (a fault when it is not 0)."""
     a = te.placeholder((64,), "float32", name="a")
     table = te.placeholder((4,), "int32", name="rammer_program")
-    out = te.compute((64,), lambda i: a[i] * 2.0, name="out")
+    out = te.compute((64,), lambda i: a[i] * scale, name="out")
     page = te.compute((16,), lambda i: tvm.tirx.if_then_else(i == 0, table[0], 0),
                       name="rammer_fault_page")
     return te.create_prim_func([a, table, out, page])
@@ -429,8 +429,9 @@ def test_timing_times_an_rprogram_entry_with_its_fixed_arguments_and_reads_its_f
     out = tmp_path / "lib"
     (out / "rprograms").mkdir(parents=True)
     entries = []
-    for key, first in (("fine", 0), ("faulty", 7)):
-        np.save(out / "rprograms" / f"{key}.npy", np.array([first, 1, 2, 3], "int32"))
+    for key, first in (("fine", 0), ("faulty", 7), ("missing", None)):
+        if first is not None:  # "missing": its table did not travel (the lease's fault)
+            np.save(out / "rprograms" / f"{key}.npy", np.array([first, 1, 2, 3], "int32"))
         entries.append(KernelEntry(key, f"m:{key}", _fault_kernel(), key, "rprogram", None, 0, "m",
                                    extra={"fixed": {"rammer_program": f"rprograms/{key}.npy"},
                                           "fault_page": "rammer_fault_page"}))
@@ -443,16 +444,31 @@ def test_timing_times_an_rprogram_entry_with_its_fixed_arguments_and_reads_its_f
     assert lines["fine"]["valid"] is True and lines["fine"]["kernel_us"] > 0
     assert lines["fine"]["role"] == "rprogram"
     assert lines["faulty"]["kernel_us"] is None and "fault page" in lines["faulty"]["reason"]
+    assert lines["missing"]["reason"].startswith("load failed") and "missing.npy" in \
+        lines["missing"]["reason"]
     info = kernel_results.import_results(str(results), FAKE, profiles_dir=tmp_path / "profiles",
                                          timed_path=tmp_path / "timed" / "timed.json")
-    assert info["rprograms"] == 1 and info["failed"] == 1
+    assert info["rprograms"] == 1 and info["failed"] == 2
     db = JsonProfileDB(info["path"])
     device = kernel_results.device_id(FAKE)
     assert db.get("rprogram", "fine", device) == {"time_us": lines["fine"]["kernel_us"],
                                                   "source": "lease"}
     assert db.get("rprogram", "faulty", device) is None  # a failure is not a fact
-    assert json.loads((tmp_path / "timed" / "timed.json").read_text())["kernels"]["faulty"] \
-        .startswith("run failed")
+    timed = json.loads((tmp_path / "timed" / "timed.json").read_text())["kernels"]
+    assert timed["faulty"].startswith("run failed")
+    assert "missing" not in timed  # asked again by the next prepare
+
+
+def test_an_rprogram_library_is_named_by_its_code_not_only_its_key(tmp_path):
+    """An rProgram's key (the back end's plan_key) stays when the code generator changes its
+    persistent kernel: the library name changes with the code, so an older build is not reused;
+    control: the same code, the same name (a second prepare reuses it)."""
+    def entry(scale):
+        return KernelEntry("k", "m:p", _fault_kernel(scale), "k", "rprogram", None, 0, "m")
+
+    spec = {"kind": "llvm"}
+    assert kernels._library_name([entry(2.0)], spec) == kernels._library_name([entry(2.0)], spec)
+    assert kernels._library_name([entry(2.0)], spec) != kernels._library_name([entry(3.0)], spec)
 
 
 def test_state_table_adds_the_rprogram_decisions_where_the_prepare_formed_them():

@@ -300,10 +300,17 @@ def _cuda_arches(path: str) -> list:
 
 
 def _library_name(entries: Sequence[KernelEntry], spec: dict) -> str:
-    """A library's file name from what it holds (the kernels' keys, the target, TVM's version)."""
+    """A library's file name from what it holds (the kernels' keys, the target, TVM's version).
+    A kernel's key is its PrimFunc's structural hash, an rProgram's is the back end's ``plan_key``
+    (program, kernel names, table), which the persistent kernel's code can change under (the code
+    generator's options and sources): its PrimFunc's hash is added, so an rProgram built by an older
+    compiler is never reused for a new one."""
     import tvm
 
-    doc = json.dumps({"keys": [e.key for e in entries], "target": spec,
+    from ..tuning.versions import func_key
+
+    doc = json.dumps({"keys": [e.key if e.role != "rprogram" else [e.key, func_key(e.func)]
+                               for e in entries], "target": spec,
                       "tvm": getattr(tvm, "__version__", "")}, sort_keys=True, default=str)
     return f"kernels-{hashlib.sha1(doc.encode()).hexdigest()[:12]}.so"
 

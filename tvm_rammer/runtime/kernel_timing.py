@@ -272,6 +272,8 @@ def run_child(manifest_path: str, out_path: str, deadline: float | None, number:
         start = time.perf_counter()
         try:
             runner.lib(kernel["library"])
+            for path in (kernel.get("fixed") or {}).values():  # an rProgram's: a missing file is
+                runner.fixed(path)                             # the lease's fault, not the kernel's
         except Exception as err:  # pylint: disable=broad-except  (each of its kernels says so)
             _append(out_path, {**_fields(kernel), "kernel_us": None, "valid": None, "error": None,
                                "reason": f"load failed: {_first_line(err)}",
