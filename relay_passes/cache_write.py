@@ -191,6 +191,7 @@ class _Rewriter(relax.PyExprMutator):
         super().__init__(mod)
         self.inplace = inplace
         self.uses = {}
+        self.params = ()  # the current function's parameters: the only caches written in place
 
     def visit_call_(self, call):
         original = call
@@ -199,7 +200,8 @@ class _Rewriter(relax.PyExprMutator):
         if spec is None:
             return call
         data = original.args[0]
-        if self.inplace and isinstance(data, relax.Var) and self.uses.get(data) == 1:
+        if self.inplace and any(data.same_as(p) for p in self.params) \
+                and self.uses.get(data) == 1:
             func = slot_write_inplace(*(arg.ty for arg in call.args), **spec)
             gv = self.builder_.add_func(func, KERNEL_NAME + "_inplace")
             return relax.op.call_tir_inplace(gv, relax.Tuple(list(call.args)), [0], call.ty)
@@ -212,8 +214,10 @@ class CacheSlotWrite:
     """Replace one-slot cache scatters in every Relax function by one PrimFunc: the injective
     copy-and-select kernel (the default, what the rammer pipeline places as rTasks), or with
     ``inplace=True`` ``R.call_tir_inplace`` of :func:`slot_write_inplace` (only the slot
-    written, the output aliasing the cache: the caller's buffer when the cache is a parameter)
-    where nothing else reads the cache; elsewhere the injective kernel."""
+    written, the output aliasing the cache: the caller's buffer) where the cache is a parameter
+    of the function that nothing else reads; elsewhere the injective kernel. Only a parameter: a
+    variable bound in the function may be a view of another tensor (``reshape`` is one in the VM)
+    that is read elsewhere, which writing in place would change."""
 
     def __init__(self, inplace: bool = False):
         self.inplace = inplace
@@ -224,6 +228,6 @@ class CacheSlotWrite:
             if isinstance(func, relax.Function):
                 uses = _Uses()
                 uses.visit_expr(func)
-                rewriter.uses = uses.count
+                rewriter.uses, rewriter.params = uses.count, tuple(func.params)
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return rewriter.builder_.get()

@@ -303,6 +303,35 @@ def test_a_cache_read_elsewhere_is_not_written_in_place():
     np.testing.assert_array_equal(callers.numpy(), data)
 
 
+def test_a_view_of_a_cache_read_elsewhere_is_not_written_in_place():
+    """The scatter writes a reshape of the cache (a view of the caller's tensor in the VM) and the
+    cache is read again after it: the view is read once, but writing it in place would change
+    what the later read sees (and the caller's tensor), so the injective kernel is used."""
+    bb = relax.BlockBuilder()
+    cache = relax.Var("cache", relax.TensorType((1, 8, 3), "float32"))
+    new = relax.Var("new", relax.TensorType((1, 2, 1, 3), "float32"))
+    position = relax.Var("position", relax.TensorType((1,), "int64"))
+    with bb.function("main", [cache, new, position]):
+        with bb.dataflow():
+            view = bb.emit(relax.op.reshape(cache, SHAPE))
+            slot = bb.emit(relax.op.multiply(position, _i64([0, 0, 1])))
+            idx = bb.emit(relax.op.add(_i64(BASE), slot))
+            out = bb.emit(relax.op.scatter_nd(view, idx, new))
+            both = bb.emit_output(relax.op.add(relax.op.reshape(out, (1, 8, 3)), cache))
+        bb.emit_func_output(both)
+    mod = CacheSlotWrite(inplace=True)(bb.get())
+    assert "call_tir_inplace" not in mod.script() and _rewritten(mod)
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal((1, 8, 3)).astype("float32")
+    upd = rng.standard_normal((1, 2, 1, 3)).astype("float32")
+    callers = tvm.runtime.tensor(data)
+    got = _vm(mod)(callers, tvm.runtime.tensor(upd), tvm.runtime.tensor(np.array([1], np.int64)))
+    want = data.reshape(SHAPE).copy()
+    want[:, :, 1] = upd[:, :, 0]
+    np.testing.assert_array_equal(got.numpy(), want.reshape(1, 8, 3) + data)
+    np.testing.assert_array_equal(callers.numpy(), data)
+
+
 def test_in_place_decode_step_on_llvm_updates_the_callers_caches():
     """The imported reduced gpt2_decode (1 layer) with inplace=True on llvm (TVM's default build):
     both caches written by call_tir_inplace (the frontend's shape_of of the cache is no read), the
