@@ -197,7 +197,9 @@ def test_emitted_prefetch_names_only_weights_before_their_reader(gpt2_builds):
                 after = prog[veu][order + 1]
                 c = int(table[at + 3])
                 info = ops[str(after[1])]
-                assert (c > 0) == (info["prefetch_us"] > 0), (info["name"], c)
+                # charged only where emitted (a weight the model reads from L2 already is
+                # prefetched too, and charged nothing)
+                assert c > 0 or info["prefetch_us"] == 0, (info["name"], c)
                 if not c:
                     continue
                 fetched += 1

@@ -8,10 +8,11 @@ decides both sides from one rule, so the model charges the overlap exactly where
 - :func:`prefetched_inputs`: which inputs of an operator are prefetched: constants (or weights
   apart: weight parameters; never a tensor an operator produces), read whole by affine accesses
   (an indirect read, a Gather's table, or a slice of a constant is not: its rows are unknown or
-  few), together at most the L2-resident bytes of the cost model, and not already counted as
-  L2-resident reads (``rkernels.resident_inputs``);
+  few), together at most the L2-resident bytes of the cost model; the same whether the weights
+  are embedded or apart, so both build the same kernel;
 - :func:`with_prefetch`: the rOperator with those positions and each rKernel's ``prefetch_us``
-  (its rTask's share of the bytes at DRAM bandwidth, at most its time less the dispatch overhead);
+  (its rTask's share of the bytes at DRAM bandwidth, at most its time less the dispatch overhead;
+  inputs the model already reads from L2, ``rkernels.resident_inputs``, not counted);
 - :func:`prefetch_ranges`: for an rProgram's table (``codegen.persistent.encode_program``), each
   prefetching operator's rTask count and its constants' ``(byte offset, bytes)`` in the weights blob.
 
@@ -86,14 +87,12 @@ def _is_weight(t, weights: set) -> bool:
     return t.is_constant or (t.producer is None and t.expr in weights)
 
 
-def prefetched_inputs(node, boxes, weights: set, l2_bytes: int, resident: tuple = ()) -> tuple:
+def prefetched_inputs(node, boxes, weights: set, l2_bytes: int) -> tuple:
     """Positions of ``node``'s inputs its rTasks prefetch (module docstring). ``boxes``: a callable
     returning :func:`whole_reads` of its scheduled PrimFunc (parameters in the order of the call's
     arguments, then outputs), called only when an input is a weight; ``weights``: the graph's weight parameters
-    (weights apart), ``l2_bytes`` the cost model's L2-resident bytes, ``resident`` the positions
-    already read from L2."""
-    candidates = [pos for pos, t in enumerate(node.inputs)
-                  if pos not in resident and _is_weight(t, weights)]
+    (weights apart), ``l2_bytes`` the cost model's L2-resident bytes."""
+    candidates = [pos for pos, t in enumerate(node.inputs) if _is_weight(t, weights)]
     if not candidates:
         return ()
     whole = boxes()
@@ -112,10 +111,12 @@ def with_prefetch(op, node, boxes, weights: set, config, vdevice, resident: tupl
     ``boxes``, ``weights`` as there) and every rKernel's ``prefetch_us``; ``op`` itself when
     nothing is prefetched."""
     cost = rkernels.cost_config(config, vdevice)
-    positions = prefetched_inputs(node, boxes, weights, cost.l2_resident_bytes, resident)
+    positions = prefetched_inputs(node, boxes, weights, cost.l2_resident_bytes)
     if not positions:
         return op
-    nbytes = sum(_nbytes(node.inputs[p]) for p in positions)
+    # the code prefetches every one (the same kernel whether the weights are embedded or apart);
+    # the model overlaps only the DRAM reads: a resident input is an L2 read already
+    nbytes = sum(_nbytes(node.inputs[p]) for p in positions if p not in resident)
     kernels = []
     for k in op.kernels:
         try:
@@ -136,7 +137,7 @@ def prefetch_ranges(graph, node_ids, ops: dict, selected: dict, tensors) -> dict
     for op in node_ids:
         kernel = ops[op].kernels[selected[op]]
         positions = getattr(ops[op], "prefetch_inputs", ())
-        if kernel.prefetch_us <= 0 or not positions:
+        if not positions:
             continue
         ranges = []
         for pos in positions:
