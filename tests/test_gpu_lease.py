@@ -14,6 +14,7 @@ import sys
 import tarfile
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -303,16 +304,20 @@ def test_prepare_starts_no_build_past_its_time_limit(tmp_path):
     assert lines[-1].startswith("travel: ") and any("next prepare" in ln for ln in lines)
 
 
-def test_prepare_stops_a_build_in_flight_at_its_time_limit(tmp_path):
+def test_prepare_stops_a_build_in_flight_at_its_time_limit(tmp_path, monkeypatch):
     """The limit bounds prepare's wall time: a build still running when it is reached is stopped
     and recorded "not built" (not a failure), so the next prepare builds it; control: the same
     build with no limit is built."""
     spec = lease_prepare.LeaseSpec(out=str(tmp_path / ".lease"), models=(), reduced=True,
                                    cpu_check=True, bundle=False, kernels=False,
                                    time_limit_s=lease_prepare.PACK_RESERVE_S + 0.5)
-    index = lease_prepare.prepare(spec, log=lambda _: None)  # a child needs seconds to import TVM
+    # prepare's clock stands still: the build always starts (however slow the hashing before it
+    # on a loaded machine) with the floor of 1 s left, and a child needs seconds to import TVM
+    monkeypatch.setattr(lease_prepare, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    index = lease_prepare.prepare(spec, log=lambda _: None)
     (rec,) = index["artifacts"].values()
     assert rec["error"].startswith("not built") and "during its build" in rec["error"]
+    monkeypatch.undo()
     index = lease_prepare.prepare(replace(spec, time_limit_s=None), log=lambda _: None)
     (rec,) = index["artifacts"].values()
     assert "error" not in rec and rec["files"]
