@@ -115,48 +115,14 @@ class _CollectingProfiler(Profiler):
         super().prepare(jobs)
 
 
-class _Reading:
-    """The profile database an rProgram compile reads: ``base``'s records of ``device`` (nothing
-    when ``base`` is None: an empty database of that device), what the compile writes in memory."""
-
-    def __init__(self, base, device: DeviceId):
-        self.base, self.device, self.path = base, device, None
-        self._mem: dict = {}
-
-    def get(self, kind: str, key: str, device):
-        if (kind, key) in self._mem:
-            return self._mem[(kind, key)]
-        return None if self.base is None else self.base.get(kind, key, self.device)
-
-    def put_many(self, items) -> None:
-        for kind, key, _, record in items:
-            self._mem[(kind, key)] = dict(record)
-
-    def flush(self) -> None:
-        pass
-
-    def device_for(self, arch: str, name: str | None = None):
-        return self.device
-
-
-def _database_for(db, arch: str) -> tuple:
-    """(database, device) whose records a compile without a GPU reads for ``arch``: ``db``'s
-    device of that arch, else the first shipped database that has one (the profiler's rule, as
-    ``kernels._source_device``); (None, None) when none has."""
-    from ..tuning.profile_db import shipped_profile_dbs
-
-    for candidate in ([db] if db is not None else []) + shipped_profile_dbs():
-        found = candidate.device_for(arch)
-        if found is not None:
-            return candidate, found
-    return None, None
-
-
 def _profiler(db, arch: str, config):
-    """The profiler of a compile without a GPU reading ``db``'s records of ``arch``
-    (:func:`_database_for`), or an empty database of the arch where none has it."""
-    base, device = _database_for(db, arch)
-    reading = _Reading(base, device or DeviceId(f"lease {arch}", arch, "unknown"))
+    """The profiler of a compile without a GPU reading ``db``'s records of ``arch`` (else the
+    first shipped database's that has them, ``kernels._source_device``), or an empty database of
+    the arch where none has them; what the compile writes stays in memory (``kernels._Overlay``)."""
+    from .kernels import _Overlay, _source_device
+
+    base, device = _source_device(db, arch)
+    reading = _Overlay(base, device or DeviceId(f"lease {arch}", arch, "unknown"))
     profiler = _CollectingProfiler(reading, None, arch, rprogram_budget=config.rprogram_profiles,
                                    progress=False, margin=config.profile_margin, budget_s=None)
     profiler.jobs = []
