@@ -508,4 +508,4 @@ def test_the_prepare_hook_prints_the_rprogram_state_per_model(tmp_path, monkeypa
     lease_prepare._kernels_hook(spec, tmp_path, 120.0, lines.append)
     assert "kernels: two_branch: 4 rPrograms formed, 1 measured, 3 candidates, 2 built, 1 left " \
            "for a later lease; leases needed: 2" in lines
-    assert "kernels: branches: rPrograms not formed (no room left in this lease)" in lines
+    assert "kernels: branches: rPrograms not formed (no room or time left in this lease)" in lines

@@ -359,8 +359,10 @@ def build_libraries(entries: Sequence[KernelEntry], target, out_dir: str,
             built = {"items": _build_one(mod, tgt, path), "build_s": round(time.perf_counter() - start, 2)}
             if cuda:
                 built.update(cuda_format=_cuda_format(path), arches=_cuda_arches(path))
-            with open(info_path, "w", encoding="utf-8") as f:
+            tmp = f"{info_path}.tmp{os.getpid()}"  # whole or absent: a prepare killed here
+            with open(tmp, "w", encoding="utf-8") as f:   # rebuilds it, never reads half a file
                 json.dump(built, f)
+            os.replace(tmp, info_path)
         size = os.path.getsize(path)
         if budget is not None and total + size > budget:  # the first one, larger than the budget
             return libraries, kernels, sum(len(c) for c in chunks[n:])

@@ -377,7 +377,7 @@ def _kernels_hook(spec: LeaseSpec, out: Path, time_s: float, log,
         f"{time.perf_counter() - start:.0f} s")
     for m in entry.get("models") or []:  # issue 31 item 5: the rProgram decisions, per model
         rp = m.get("rprograms")
-        log(f"kernels: {m.get('name')}: " + ("rPrograms not formed (no room left in this lease)"
+        log(f"kernels: {m.get('name')}: " + ("rPrograms not formed (no room or time left in this lease)"
             if rp is None else f"{rp['formed']} rPrograms formed, {rp['measured']} measured, "
             f"{rp['candidates']} candidates, {rp['built']} built, {rp['left']} left for a later "
             f"lease") + (f"; leases needed: {m['leases_needed']}" if m.get("leases_needed")
