@@ -7,9 +7,10 @@ below, not a sample), elsewhere it depends on them (``values`` there is meaningl
 gives the value a dataflow variable is bound to (a ``PyExprMutator``'s ``lookup_binding``) or None.
 
 Exact elementwise: constants; shapes of static tensors (``shape_of``, ``shape_to_tensor``);
-add, subtract, multiply (a known 0 makes the product known), less / greater / equal, where (a known
-condition picks its branch; equal known branches decide it anyway), astype; layout: reshape,
-broadcast_to, expand_dims, permute_dims, strided_slice (constant bounds). Anything else, or a
+add, subtract, multiply (a known 0 makes an integer product known: a float 0 times inf is
+NaN), less / greater / equal / less_equal / greater_equal, where (a known condition picks its
+branch; equal known branches decide it anyway), astype; layout: reshape, broadcast_to,
+expand_dims, permute_dims, strided_slice (constant bounds). Anything else, or a
 tensor of non-static shape: nothing known (``None`` for a non-static shape). Pure: reads the
 expressions, builds nothing. Used by ``cache_write.CacheSlotWrite`` to prove that a scatter's
 leading index components are the iterator's own coordinates (an exported ``cache[:, :, p] = new``).
@@ -115,9 +116,11 @@ def _call(call, known):  # pylint: disable=too-many-return-statements
         if a is None or b is None:
             return None
         (va, ka), (vb, kb) = a, b
-        if name == "relax.multiply":
-            known = (ka & kb) | (ka & (va == 0)) | (kb & (vb == 0))
-            return np.multiply(va, vb), known
+        if name == "relax.multiply":  # a known 0 decides an integer product (not 0 * inf)
+            exact = ka & kb
+            if "int" in str(call.ty.dtype) or str(call.ty.dtype) == "bool":
+                exact = exact | (ka & (va == 0)) | (kb & (vb == 0))
+            return np.multiply(va, vb), exact
         return _ARITH[name](va, vb), np.broadcast_to(ka & kb, np.broadcast_shapes(ka.shape, kb.shape))
     if name == "relax.where":
         parts = [_arg(call, i, known) for i in range(3)]

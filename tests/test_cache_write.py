@@ -235,6 +235,26 @@ def test_known_elements_trace_each_expression_once():
     assert chain(2000) is None
 
 
+def test_a_known_zero_decides_an_integer_product_not_a_float_one():
+    """position * 0 is 0 whatever the position in int64; x * 0.0 is NaN for x = inf, so a float
+    product with an unknown factor stays unknown (and so does what it is cast to)."""
+    bb = relax.BlockBuilder()
+    position = relax.Var("position", relax.TensorType((1,), "int64"))
+    x = relax.Var("x", relax.TensorType((1,), "float32"))
+    with bb.function("main", [position, x]):
+        with bb.dataflow():
+            ints = bb.emit(relax.op.multiply(position, _i64([0])))
+            floats = bb.emit(relax.op.astype(
+                bb.emit(relax.op.multiply(x, relax.const([0.0], "float32"))), "int64"))
+            out = bb.emit_output(relax.op.add(ints, floats))
+        bb.emit_func_output(out)
+    block = bb.get()["main"].body.blocks[0]
+    bindings = {b.var: b.value for b in block.bindings}
+    values, known = known_elements(block.bindings[0].var, bindings.get)
+    assert known.tolist() == [True] and values.tolist() == [0]
+    assert known_elements(block.bindings[2].var, bindings.get)[1].tolist() == [False]
+
+
 # In place: only the slot written, into the caller's cache (llvm).
 
 def _vm(mod):
