@@ -42,6 +42,7 @@ from tvm import relax
 from tir_templates.decode_attention import (DecodeAttentionShape, chunk_for, combine_func,
                                             partial_func)
 
+from .known_values import static_shape
 from .unused_bindings import remove_unused_bindings
 
 __all__ = ["DecodeAttentionSplit"]
@@ -59,13 +60,9 @@ def _is_op(expr, name):
 
 
 def _shape(expr):
-    """Static dims of a tensor expr as ints, or None."""
-    shape = getattr(expr.ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
-        return None
-    return [int(d.value) for d in shape.values]
+    """Static dims of a tensor expr as a list of ints, or None."""
+    shape = static_shape(expr.ty)
+    return None if shape is None else list(shape)
 
 
 def _dtype(expr):
