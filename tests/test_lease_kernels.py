@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -469,6 +470,31 @@ def test_an_rprogram_library_is_named_by_its_code_not_only_its_key(tmp_path):
     spec = {"kind": "llvm"}
     assert kernels._library_name([entry(2.0)], spec) == kernels._library_name([entry(2.0)], spec)
     assert kernels._library_name([entry(2.0)], spec) != kernels._library_name([entry(3.0)], spec)
+
+
+@pytest.mark.nvcc
+def test_a_prepare_cut_by_its_deadline_is_not_reused_by_the_next(recorded, tmp_path, monkeypatch):
+    """prepare's time limit reached while a model was recorded: no library is built and the
+    manifest is not one the next prepare reuses (no inputs key): the next, without a limit, builds
+    them; a limit reached before the first model records none."""
+    clock = {"t": 0.0}  # kernels' clock: the recording compile below takes "10 s"
+    monkeypatch.setattr(kernels, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+
+    def record(*args):
+        clock["t"] += 10.0
+        return recorded
+
+    monkeypatch.setattr(kernels, "record_jobs", record)
+    monkeypatch.setattr(kernels, "_sources_digest", lambda: "fixed")
+    out, n = str(tmp_path / "kernels"), len(kernels.entries_of(recorded)[0])
+    cut = kernels.prepare_kernels([SPEC], out, 40, deadline=5.0, rprograms=False)
+    assert cut["kernels"] == [] and cut["left_out"] == n and cut["inputs_key"] is None
+    assert len(cut["models"]) == 1
+    whole = kernels.prepare_kernels([SPEC], out, 40, rprograms=False)
+    assert len(whole["kernels"]) == n and whole["inputs_key"] is not None
+    none = kernels.prepare_kernels([SPEC], str(tmp_path / "k2"), 40, deadline=clock["t"] - 1.0,
+                                   rprograms=False)
+    assert none["models"] == [] and none["kernels"] == [] and none["inputs_key"] is None
 
 
 def test_state_table_adds_the_rprogram_decisions_where_the_prepare_formed_them():
