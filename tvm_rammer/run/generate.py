@@ -158,8 +158,8 @@ class DecodeStep:
 class DeviceStep(DecodeStep):
     """A TVM executable on a TVM device (the local GPU for ``generate``): the caches are device
     tensors from step to step (a step's returned caches are the next step's arguments as they
-    are); per token only ``input_ids`` and ``position`` go up (16 bytes) and the logits come
-    down."""
+    are); per token only ``input_ids`` and ``position`` go up (8 x (B + 1) bytes) and the
+    logits come down."""
 
     def __init__(self, executable, dev):
         import tvm
