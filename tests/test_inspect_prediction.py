@@ -142,3 +142,25 @@ def test_an_rprogram_is_found_by_its_function_name_not_its_reports():
     found = predict_inference(lowered, TARGET, config)
     assert found["rprograms_us"] == pytest.approx(report["predicted_us"])
     assert found["ordinary_kernels"] == [] and found["predicted_us"] == summary["predicted_us"]
+
+
+def test_an_external_call_is_unpriced_under_its_own_name():
+    """A library call (call_dps_packed of an ExternFunc) cannot be priced: listed in ``unpriced``
+    by its symbol and counted as one launch."""
+    from tvm_rammer.views.prediction import predict_inference
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_dps_packed(
+                "my_library.op", [x], relax.TensorType([4], "float32")))
+        bb.emit_func_output(out)
+    config = RammerConfig(profile=False)
+    found = predict_inference(bb.get(), TARGET, config)
+    launch = rkernels.cost_config(config, rkernels.vdevice_for(
+        resolve_target(TARGET), config)).launch_us
+    assert found["unpriced"] == ["my_library.op"]
+    assert found["ordinary_kernels"] == [{"kernel": "my_library.op", "calls": 1,
+                                          "us_per_call": launch}]
+    assert found["predicted_us"] == pytest.approx(launch)

@@ -146,7 +146,10 @@ def _calls(mod: tvm.IRModule, entry: str = "main") -> list:
                                                            "relax.call_tir_inplace"):
                 found.append(("func", call.args[0].name_hint))
             elif isinstance(op, tvm.ir.Op) and op.name == "relax.call_dps_packed":
-                found.append(("extern", str(call.args[0])))
+                callee = call.args[0]  # an ExternFunc: its symbol, as for a direct call above
+                symbol = str(getattr(callee, "global_symbol", callee))
+                if not symbol.startswith(_BUILTIN_PREFIXES):
+                    found.append(("extern", symbol))
 
         tvm_ffi.structural_walk(func.body, (relax.Call, on_call))
 
