@@ -59,6 +59,7 @@ from typing import Sequence
 from ..host.gpu import DeviceId
 from ..tuning.measure import BudgetSpent, KernelJob
 from ..tuning.profiler import Profiler, decisive_jobs
+from .reading import Overlay, source_device
 
 __all__ = ["FORMAT", "DEFAULT_TARGET", "MANIFEST", "TIMED", "RecordingDevice", "RecordedModel",
            "KernelEntry", "model_spec", "record_jobs", "entries_of", "build_libraries",
@@ -107,36 +108,6 @@ class _RecordingProfiler(Profiler):
         raise _Recorded("recorded")
 
 
-class _Overlay:
-    """The profile database a recording compile reads: ``base``'s records of ``base_device`` (or
-    nothing), a placeholder record for every key in ``timed`` (timed by an earlier lease: not asked
-    again), and in memory what the compile writes (operator records; nothing reaches ``base``)."""
-
-    def __init__(self, base, base_device: DeviceId | None, timed=()):
-        self.base, self.base_device, self.timed = base, base_device, set(timed)
-        self.path = None
-        self._mem: dict = {}
-
-    def get(self, kind: str, key: str, device):
-        if (kind, key) in self._mem:
-            return self._mem[(kind, key)]
-        if kind == "kernel" and key in self.timed:
-            return {"kernel_us": None, "valid": None, "error": None, "timed_by_lease": True}
-        if self.base is None or self.base_device is None:
-            return None
-        return self.base.get(kind, key, self.base_device)
-
-    def put_many(self, items) -> None:
-        for kind, key, _, record in items:
-            self._mem[(kind, key)] = dict(record)
-
-    def flush(self) -> None:
-        pass
-
-    def device_for(self, arch: str, name: str | None = None):
-        return self.base_device
-
-
 @dataclass(frozen=True)
 class RecordedModel:
     """What one model's recording compile found: ``jobs`` (to time: decisive, without a record),
@@ -163,18 +134,6 @@ def model_spec(model) -> dict:
     return spec
 
 
-def _source_device(db, arch: str):
-    """(database, device) whose records a compile without a GPU reads for ``arch``: ``db``'s device
-    of that arch, else the first shipped database that has one (``Profiler``'s rule)."""
-    from ..tuning.profile_db import shipped_profile_dbs
-
-    for candidate in ([db] if db is not None else []) + shipped_profile_dbs():
-        found = candidate.device_for(arch)
-        if found is not None:
-            return candidate, found
-    return None, None
-
-
 def record_jobs(model, target: str = DEFAULT_TARGET, db=None, config=None,
                 timed: Sequence[str] = ()) -> RecordedModel:
     """Run ``model``'s rammer compile (``target``, ``config``: a ``RammerConfig``) to its profiling
@@ -188,8 +147,8 @@ def record_jobs(model, target: str = DEFAULT_TARGET, db=None, config=None,
     spec = model_spec(model)
     config = config or RammerConfig()
     arch = target_arch(resolve_target(target))
-    base, base_device = _source_device(db, arch)
-    overlay = _Overlay(base, base_device, timed)
+    base, base_device = source_device(db, arch)
+    overlay = Overlay(base, base_device, timed)
     device = RecordingDevice(base_device or DeviceId(f"lease {arch}", arch, "unknown"))
     profiler = _RecordingProfiler(overlay, device, arch, rprogram_budget=0, progress=False,
                                   margin=config.profile_margin, budget_s=None)
@@ -506,7 +465,7 @@ def prepare_kernels(models: Sequence, out_dir: str, size_budget_mib: float | Non
     if deadline is not None and time.perf_counter() > deadline:
         key = None  # cut by prepare's time limit: the next prepare goes on (built libraries reused)
     _remove_stale(out_dir, {lib["library"] for lib in libraries})
-    _, device = _source_device(db, arch)
+    _, device = source_device(db, arch)
     per_lease = max_kernels or max(1, int(LEASE_KERNEL_S / SECONDS_PER_KERNEL))
     models_doc = [{"model": rec.model, "name": rec.name, "decisive": rec.decisive,
                    "measured": len(rec.measured), "to_time": len(rec.jobs),

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..host.gpu import DeviceId
 from ..tuning.profiler import Profiler, plan_key
+from .reading import Overlay, source_device
 
 __all__ = ["RProgramCandidate", "RecordedRPrograms", "record_rprograms", "value_of", "ordered",
            "entries_of", "FIXED_DIR", "FIXED_MAX_BYTES", "RPROGRAM_SLOTS", "leases_needed"]
@@ -117,12 +118,10 @@ class _CollectingProfiler(Profiler):
 
 def _profiler(db, arch: str, config):
     """The profiler of a compile without a GPU reading ``db``'s records of ``arch`` (else the
-    first shipped database's that has them, ``kernels._source_device``), or an empty database of
-    the arch where none has them; what the compile writes stays in memory (``kernels._Overlay``)."""
-    from .kernels import _Overlay, _source_device
-
-    base, device = _source_device(db, arch)
-    reading = _Overlay(base, device or DeviceId(f"lease {arch}", arch, "unknown"))
+    first shipped database's that has them), or an empty database of the arch where none has
+    them; what the compile writes stays in memory (``lease.reading``)."""
+    base, device = source_device(db, arch)
+    reading = Overlay(base, device or DeviceId(f"lease {arch}", arch, "unknown"))
     profiler = _CollectingProfiler(reading, None, arch, rprogram_budget=config.rprogram_profiles,
                                    progress=False, margin=config.profile_margin, budget_s=None)
     profiler.jobs = []
