@@ -85,6 +85,25 @@ def test_indirect_reads_are_capped_at_the_table():
     assert param_bytes(_take(4, 8, 16)) == [4 * 8 * 4, 16 * 8, 16 * 8 * 4]
 
 
+def test_a_window_at_a_data_dependent_start_counts_its_width():
+    """A block reading ``x[idx[i]:idx[i] + 16]`` per iteration (4 iterations): 4 x 16 floats of
+    x (256 bytes), not one element per iteration as a gather's row index would be."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def window(x: T.Buffer((1024,), "float32"), idx: T.Buffer((4,), "int32"),
+               out: T.Buffer((4, 16), "float32")):
+        for i in range(4):
+            with T.sblock("w"):
+                vi = T.axis.spatial(4, i)
+                T.reads(x[idx[vi]:idx[vi] + 16], idx[vi])
+                T.writes(out[vi, 0:16])
+                for k in range(16):
+                    out[vi, k] = x[idx[vi] + k]
+
+    assert param_bytes(window) == [4 * 16 * 4, 4 * 4, 4 * 16 * 4]
+
+
 def test_a_direct_read_is_unchanged_by_the_indirect_rule():
     """Control: the same shapes read through an affine index (row 3, a slice) cost the bounding box,
     and a whole-table read the whole table, as before."""

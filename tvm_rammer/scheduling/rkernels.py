@@ -76,16 +76,14 @@ def _loads_and_vars(exprs) -> tuple:
 
 def _indirect_elements(region, extent_of: dict) -> int | None:
     """Elements that all iterations of a block read or write through a region whose index is data
-    dependent (a gather ``x[idx[i], j]``): one iteration's region (each data-dependent dimension
-    counted as extent 1, every other dimension its region extent) times the iterations of the
-    block variables the region's indices use (those inside the index loads included: ``i`` and
-    ``j`` above, not a reduction variable the region does not name, whose iterations re-read the
-    same elements). None when an extent is not a constant."""
+    dependent (a gather ``x[idx[i], j]``): one iteration's region (every dimension its region
+    extent, also where its start is data dependent: 1 for a gather's row index, ``w`` for a
+    window ``x[idx[i]:idx[i] + w]``) times the iterations of the block variables the region's
+    indices use (those inside the index loads included: ``i`` and ``j`` above, not a reduction
+    variable the region does not name, whose iterations re-read the same elements). None when an
+    extent is not a constant."""
     per_iteration = 1
     for r in region.region:
-        dependent, _ = _loads_and_vars([r.min, r.extent])
-        if dependent:
-            continue  # one index value per iteration: extent 1
         if not isinstance(r.extent, tvm.tirx.IntImm):
             return None
         per_iteration *= int(r.extent)
