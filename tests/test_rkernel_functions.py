@@ -278,3 +278,21 @@ def test_the_launch_bounds_are_read_from_the_kernel_attribute_or_its_body():
     wrapped = tirx.PrimFunc([x], tirx.AttrStmt(tirx.const(0, "int32"), key, tirx.const(2, "int32"),
                                                tirx.Evaluate(x)))
     assert rkernel_functions._min_blocks_per_sm(wrapped) == 2
+
+
+def test_dropping_an_unused_allocation_may_leave_one_statement():
+    """A body of an allocation nothing reads and one loop (GPT-2 small's) becomes the loop alone:
+    TVM rejects a SeqStmt of one statement (the compile of GPT-2 small failed there); a body
+    whose allocation is read keeps it (control)."""
+    from tvm import tirx
+
+    tmp = tirx.decl_buffer((4,), "float32", name="tmp", scope="local")
+    out = tirx.decl_buffer((4,), "float32", name="out")
+    i = tirx.Var("i", "int32")
+    loop = tirx.For(i, 0, 4, tirx.ForKind.SERIAL,
+                    tirx.BufferStore(out, tirx.const(1.0, "float32"), [i]))
+    assert isinstance(rkernel_functions._drop_unused(tirx.SeqStmt([tirx.AllocBuffer(tmp), loop]),
+                                                     [tmp]), tirx.For)
+    used = tirx.For(i, 0, 4, tirx.ForKind.SERIAL, tirx.BufferStore(out, tirx.BufferLoad(tmp, [i]), [i]))
+    kept = rkernel_functions._drop_unused(tirx.SeqStmt([tirx.AllocBuffer(tmp), used]), [tmp])
+    assert isinstance(kept, tirx.SeqStmt) and len(kept.seq) == 2

@@ -244,7 +244,10 @@ def _drop_unused(body, candidates):
 
     def without(node):
         kept = [s for s in node.seq if not (isinstance(s, tirx.AllocBuffer) and s.buffer in drop)]
-        return node if len(kept) == len(node.seq) else tirx.SeqStmt(kept)
+        if len(kept) == len(node.seq):
+            return node
+        # TVM rejects a SeqStmt of one statement (GPT-2 small's bodies: an allocation and a loop)
+        return kept[0] if len(kept) == 1 else tirx.SeqStmt(kept) if kept else tirx.Evaluate(0)
 
     while True:
         out = tvm_ffi.structural_map(body, (tirx.SeqStmt, without))
