@@ -507,6 +507,19 @@ def test_state_table_adds_the_rprogram_decisions_where_the_prepare_formed_them()
     assert rows[0]["leases_left"] == 0 + 3 and rows[1]["leases_left"] == 1  # 3 slots an rProgram
     text = kernel_results.state_markdown(rows, per_lease=4)
     assert "| m1 | 1 | 1 | 0 | 4 | 1 | 3 | 3 |" in text and "| m2 | 2 | 0 | 2 | - | - | - | 1 |" in text
+    # after an import (state --facts): a listed candidate with a time there is measured, one
+    # without (or another model's, or a kernel record under its key) stays a candidate
+    manifest["kernels"] = [{"key": "p1", "role": "rprogram", "model": "m1"},
+                           {"key": "p2", "role": "rprogram", "model": "m1"},
+                           {"key": "p3", "role": "rprogram", "model": "m2"}]
+    device = kernel_results.device_id(FAKE)
+    db = JsonProfileDB()
+    db.put_many([("rprogram", "p1", device, {"time_us": 3.0}),
+                 ("kernel", "p2", device, {"kernel_us": 1.0, "valid": True}),
+                 ("kernel", "a", device, {"kernel_us": 1.0, "valid": True})])
+    rows = kernel_results.state_table(manifest, db, device, per_lease=4)
+    assert rows[0]["rprograms"]["measured"] == 2 and rows[0]["rprograms"]["candidates"] == 2
+    assert rows[0]["leases_left"] == 0 + 2 and rows[1]["rprograms"] is None
 
 
 def test_no_rprogram_is_formed_while_kernels_are_left_for_a_later_lease(recorded, tmp_path,

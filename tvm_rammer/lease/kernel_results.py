@@ -196,7 +196,8 @@ def state_table(manifest: dict, db=None, device: DeviceId | None = None,
     "measured", "left", "leases_left"}`` and, where the prepare formed its rPrograms, ``rprograms``
     (the manifest's counts; ``leases_left`` then adds their candidates' leases, ``rprograms.
     RPROGRAM_SLOTS`` kernels each); measured counts the decisive keys with a record of
-    ``device`` in ``db`` (a profile database; None: the counts the prepare found). Models share
+    ``device`` in ``db`` (a profile database; None: the counts the prepare found), and moves the
+    listed rProgram candidates with a record there from candidates to measured. Models share
     kernels (a key counts for each model that needs it); ``leases_left`` is per model alone."""
     rows = []
     for m in manifest.get("models", []):
@@ -209,8 +210,13 @@ def state_table(manifest: dict, db=None, device: DeviceId | None = None,
                "left": len(keys) - measured,
                "leases_left": leases_needed(len(keys), measured, per_lease)}
         if "rprograms" in m:  # item 5: the model's rProgram decisions as the prepare found them
-            row["rprograms"] = m["rprograms"]
             rp = m["rprograms"]
+            if rp is not None and db is not None and device is not None:
+                # the listed candidates the database has a time for since: measured now
+                now = sum(1 for k in manifest.get("kernels", []) if k.get("role") == "rprogram"
+                          and k.get("model") == m["name"] and _has(db, k["key"], device, "rprogram"))
+                rp = dict(rp, measured=rp["measured"] + now, candidates=rp["candidates"] - now)
+            row["rprograms"] = rp
             if rp is not None:
                 row["leases_left"] += math.ceil(rp["candidates"] * RPROGRAM_SLOTS
                                                 / (per_lease or kernels_per_lease()))
@@ -218,8 +224,8 @@ def state_table(manifest: dict, db=None, device: DeviceId | None = None,
     return rows
 
 
-def _has(db, key: str, device: DeviceId) -> bool:
-    record = db.get("kernel", key, device)
+def _has(db, key: str, device: DeviceId, kind: str = "kernel") -> bool:
+    record = db.get(kind, key, device)
     return record is not None and not is_failure(record)
 
 
