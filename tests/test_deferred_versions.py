@@ -6,16 +6,17 @@ import pytest
 
 from conftest_tir import TARGET
 from test_tensor_cores import fused16
-from tir_templates.templates import template_schedules
+from tir_templates.mma_templates import MMA_CONFIGS, schedule_gemm_mma
 from tvm_rammer.tuning import deferred, versions
 
 
 @pytest.fixture(scope="module")
 def made():
     """(unscheduled func, the eagerly made tensor-core template version: KernelVersion)."""
-    func = fused16("matmul")
-    mma = next(t for t in template_schedules(func, TARGET) if t.name.startswith("mma_w"))
-    (version,) = versions.named_versions("op", TARGET, [(mma.name, "template")], scheduled=mma.func,
+    func = fused16("matmul")  # the first tensor-core variant of template_schedules' list, alone
+    scheduled = schedule_gemm_mma(func, *MMA_CONFIGS[0])  # (all 25: minutes of this machine)
+    name = "mma_w{}x{}_f{}x{}_k{}".format(*MMA_CONFIGS[0])
+    (version,) = versions.named_versions("op", TARGET, [(name, "template")], scheduled=scheduled,
                                          unscheduled=func)
     return func, version
 
@@ -83,7 +84,7 @@ def test_a_schedule_that_fails_late_raises_late(made, monkeypatch):
 
 def test_made_by_name_knows_the_makers_that_need_no_other_version():
     func = fused16("matmul")
-    mma = next(t.name for t in template_schedules(func, TARGET) if t.name.startswith("mma_w"))
+    mma = "mma_w{}x{}_f{}x{}_k{}".format(*MMA_CONFIGS[0])  # a tensor-core variant's name
     assert versions.made_by_name(mma, "template", func, TARGET)
     assert versions.made_by_name("dlight_t64", "dlight", func, TARGET)
     assert not versions.made_by_name("dlight", "dlight", func, TARGET)  # the pipeline's own
