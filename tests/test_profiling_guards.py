@@ -582,6 +582,24 @@ def test_the_plan_key_changes_with_the_table():
     assert plan_key(plan, graph, table) == plan_key(plan, graph, table.copy())
 
 
+
+def test_the_plan_key_is_the_kernels_code_not_the_functions_name():
+    """The weights-apart and the embedded build number their operators differently ("reshape5" /
+    "reshape"): the same code and program give the same key; other code (hash) another one."""
+    from tvm_rammer.scheduling.policy import OpGraph, PolicyConfig, schedule
+    from tvm_rammer.scheduling.rkernels import ROperator, RKernel
+    from tvm_rammer.abstractions.vdevice import VDevice
+
+    def key(name):
+        graph = OpGraph(ops={0: ROperator(0, "op0", [RKernel(name, 16, 256, 32, 0, 5.0, "t")])},
+                        preds={}, waves=[[0]])
+        (plan,) = schedule(graph, VDevice(num_sms=132), PolicyConfig())
+        return plan_key(plan, graph)
+
+    assert key("reshape:dlight#eacf431f") == key("reshape5:dlight#eacf431f")
+    assert key("reshape:dlight#eacf431f") != key("reshape:dlight#0123abcd")  # control
+    assert key("reshape:dlight#eacf431f") != key("reshape:dlight#eacf431fx2")  # coarsened
+
 # --- the back end as a whole: any failure on a GPU host falls back to TVM's default -------------
 
 def test_a_back_end_failure_while_measuring_falls_back_to_tvms_default(monkeypatch, caplog):

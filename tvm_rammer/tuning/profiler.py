@@ -151,14 +151,23 @@ def rtask_time(kernel_us: float, num_rtasks: int, threads: int, registers, share
 
 
 def plan_key(plan, graph, table=None) -> str:
-    """A stable key of an rProgram plan: its program, the names (with hashes) of its rKernels and,
-    when given, the encoded table the persistent kernel runs (an int32 array)."""
-    kernels = {str(op): graph.ops[op].kernels[i].name for op, i in plan.selected.items()}
+    """A stable key of an rProgram plan: its program, its rKernels' code (the version's name and
+    hash, and coarsening: the rKernel's name less the function name in front of its ``:``, which
+    the graph's numbering of operators sets, so a build with the weights apart and one with them
+    embedded look up the same record) and, when given, the encoded table the persistent kernel
+    runs (an int32 array)."""
+    kernels = {str(op): _code_of(graph.ops[op].kernels[i].name) for op, i in plan.selected.items()}
     doc = {"program": plan.program.to_dict(), "kernels": kernels}
     if table is not None:
         doc["table"] = hashlib.sha1(np.ascontiguousarray(table, dtype=np.int32).tobytes()).hexdigest()
     blob = json.dumps(doc, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _code_of(kernel_name: str) -> str:
+    """``"reshape5:dlight#eacf431f"`` -> ``"dlight#eacf431f"`` (``rkernels``' rKernel names)."""
+    func, sep, code = kernel_name.partition(":")
+    return code if sep and "#" in code else kernel_name
 
 
 class Progress:
