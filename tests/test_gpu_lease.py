@@ -318,9 +318,17 @@ def test_prepare_stops_a_build_in_flight_at_its_time_limit(tmp_path, monkeypatch
     (rec,) = index["artifacts"].values()
     assert rec["error"].startswith("not built") and "during its build" in rec["error"]
     monkeypatch.undo()
-    index = lease_prepare.prepare(replace(spec, time_limit_s=None), log=lambda _: None)
+    lines = []
+    index = lease_prepare.prepare(replace(spec, time_limit_s=None), log=lines.append)
     (rec,) = index["artifacts"].values()
     assert "error" not in rec and rec["files"]
+    assert any(ln.startswith("libraries packed") for ln in lines)  # the control of the next one
+    # one more model, cut by the limit: the same libraries were built, so the pack is kept
+    lines = []
+    monkeypatch.setattr(lease_prepare, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    index = lease_prepare.prepare(replace(spec, models=("two_branch",)), log=lines.append)
+    assert index["artifacts"]["two_branch.default"]["error"].startswith("not built")
+    assert not any(ln.startswith("libraries packed") for ln in lines)
 
 
 def test_prepare_builds_every_models_main_comparison_before_the_nocheck_builds():

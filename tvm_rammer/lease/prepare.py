@@ -469,7 +469,7 @@ def prepare(spec: LeaseSpec, log=print) -> dict:
                 _write_index(out, index)  # a prepare cut short keeps what it built
     index["artifacts"] = {a.name: index["artifacts"][a.name] for a in arts}
     _clean_stale(libs, index)
-    index["libs"] = pack_libraries(libs, out, index, log)
+    index["libs"] = pack_libraries(libs, out, index, log, previous=old.get("libs"))
     shutil.rmtree(out / "libs", ignore_errors=True)  # a copy `run` unpacked here: not to travel
     _write_index(out, index)
     late = deadline is not None and time.perf_counter() > deadline
@@ -535,7 +535,7 @@ def _sizes(libs: Path, name: str, rec: dict) -> dict:
             "weights_mib": round(n / 2**20, 2), "device_type": man.get("device_type")}
 
 
-def pack_libraries(libs: Path, out: Path, index: dict, log) -> dict:
+def pack_libraries(libs: Path, out: Path, index: dict, log, previous: dict | None = None) -> dict:
     """``out/libs.tar.xz``: every built library's files under ``libs/`` (the GPU host unpacks it
     into the lease folder; CUDA binaries compress 10-40x). Packed again only when the set of
     libraries (names and keys) changed. Returns ``{"file", "key", "mib"}``."""
@@ -545,7 +545,9 @@ def pack_libraries(libs: Path, out: Path, index: dict, log) -> dict:
     key = _h.sha256(json.dumps(sorted((n, r.get("key")) for n, r in index["artifacts"].items()
                                       if "error" not in r)).encode()).hexdigest()[:24]
     pack = out / "libs.tar.xz"
-    old = (_read_index(out).get("libs") or {})
+    # the pack of the index this prepare started from (the index on disk is rewritten as builds
+    # finish, without it): a prepare whose builds all failed or were cut keeps the same pack
+    old = previous if previous is not None else (_read_index(out).get("libs") or {})
     if pack.exists() and old.get("key") == key:
         return dict(old)
     start = time.perf_counter()
