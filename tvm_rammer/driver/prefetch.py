@@ -25,8 +25,6 @@ import dataclasses
 import math
 
 import tvm
-import tvm_ffi
-from tvm import s_tir, sym
 
 from ..scheduling import rkernels
 from ..scheduling.cost_model import weight_read_us
@@ -45,42 +43,8 @@ def _nbytes(tensor) -> int:
 
 def whole_reads(func) -> list:
     """Per parameter of the scheduled PrimFunc ``func``: whether its blocks read it whole through
-    affine indices only (no index loaded from a tensor, every region bounded by constants, their
-    bounding box the whole parameter)."""
-    blocks = []
-    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, blocks.append)])
-    analyzer = sym.Analyzer()
-    boxes, bad = {}, set()
-    for block in blocks:
-        dom = {iv.var: sym.IntervalSet(iv.dom.min, iv.dom.min + iv.dom.extent - 1)
-               for iv in block.iter_vars}
-        for region in block.reads:
-            param = region.source
-            loads = []
-            for r in region.region:
-                tvm_ffi.structural_walk(r.min, [(tvm.ir.expr.TensorLoad, loads.append)])
-            if loads:
-                bad.add(param)
-                continue
-            box = []
-            for r in region.region:
-                lo = analyzer.int_set(r.min, dom).min_value
-                hi = analyzer.int_set(r.min + r.extent - 1, dom).max_value
-                if not (isinstance(lo, tvm.tirx.IntImm) and isinstance(hi, tvm.tirx.IntImm)):
-                    bad.add(param)
-                    break
-                box.append((int(lo), int(hi)))
-            else:
-                old = boxes.get(param)
-                boxes[param] = box if old is None else [
-                    (min(a, c), max(b, d)) for (a, b), (c, d) in zip(old, box)]
-    found = []
-    for param in func.params:  # a block region's source is the parameter itself
-        box = boxes.get(param)
-        shape = [int(d) for d in param.ty.shape]
-        found.append(param not in bad and box is not None and len(box) == len(shape)
-                     and all(lo <= 0 and hi >= n - 1 for (lo, hi), n in zip(box, shape)))
-    return found
+    affine indices only (``rkernels.whole_reads``)."""
+    return rkernels.whole_reads(func)
 
 
 def _is_weight(t, weights: set) -> bool:

@@ -105,9 +105,21 @@ def _accessed_boxes(func: tvm.tirx.PrimFunc) -> dict:
     return {p: (box if indirect == 0 else None) for p, (box, indirect) in _accessed(func).items()}
 
 
-def _accessed(func: tvm.tirx.PrimFunc) -> dict:
+def whole_reads(func: tvm.tirx.PrimFunc) -> list:
+    """Per parameter of the scheduled PrimFunc ``func``: whether its blocks read it whole through
+    affine indices only (no index loaded from a tensor, every read region bounded by constants,
+    their bounding box the whole parameter): what ``driver.prefetch`` may prefetch."""
+    found = []
+    for param, (box, indirect) in _accessed(func, writes=False).items():
+        shape = [int(d) for d in param.ty.shape]
+        found.append(indirect == 0 and box is not None and len(box) == len(shape)
+                     and all(lo <= 0 and hi >= n - 1 for (lo, hi), n in zip(box, shape)))
+    return found
+
+
+def _accessed(func: tvm.tirx.PrimFunc, writes: bool = True) -> dict:
     """param -> ``(box, indirect)``: ``box`` the per-dimension ``(lo, hi)`` bounding box of every
-    region the PrimFunc's blocks read or write in it directly (an affine index), each region
+    region the PrimFunc's blocks read (and, with ``writes``, write) in it directly (an affine index), each region
     relaxed over its block's iteration domain, or None where no block names it that way;
     ``indirect`` the elements accessed through regions whose index is data dependent
     (:func:`_indirect_elements`, summed over such regions), or None for a parameter one of whose
@@ -123,7 +135,7 @@ def _accessed(func: tvm.tirx.PrimFunc) -> dict:
         extent_of = {iv.var.__hash__(): (int(iv.dom.extent)
                                          if isinstance(iv.dom.extent, tvm.tirx.IntImm) else None)
                      for iv in block.iter_vars}
-        for region in [*block.reads, *block.writes]:
+        for region in [*block.reads, *(block.writes if writes else ())]:
             param = region.source
             if param not in boxes or indirect[param] is None:
                 continue
