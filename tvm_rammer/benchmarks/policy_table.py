@@ -93,7 +93,11 @@ def _last_chains(plans, graph, config) -> dict:
 
     total = {"operators": 0, "rtask_us": 0.0, "barrier_us": 0.0, "waiting_us": 0.0}
     for plan in plans:
+        # an operator waiting at a barrier-rTask inside the rProgram has its weights prefetched
+        # during the wait (policy.select_veus): its rounds take up to prefetch_us less after it
         op_us = {op: rounds_us(k.time_us, k.num_rtasks, plan.num_veus)
+                 - (k.prefetch_us if any(p in plan.op_finish for p in graph.preds.get(op, ()))
+                    else 0.0)
                  for op, k in plan.kernels(graph).items()}
         chain = last_chain(plan.op_finish, graph.preds, op_us, config.cost.barrier_us)
         total["operators"] += len(chain.operators)
