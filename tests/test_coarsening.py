@@ -67,10 +67,13 @@ def test_a_coarsened_rtask_loops_over_its_blocks_and_builds_for_sm90a(coarse):
 @pytest.fixture(scope="module")
 def nasnet_unmeasured():
     """The reduced NASNet-CIFAR on the full H100 vDevice without measured times, coarsened by the
-    default rule and by the old one (down to MIN_COARSE_RTASKS rTasks: the negative control)."""
+    default rule and by the old one (down to MIN_COARSE_RTASKS rTasks: the negative control).
+    The unmeasured check is off: these tests look at the coarsening of the rProgram, which the
+    check may leave as TVM's default kernels (the old rule's is estimated 847 us vs 787 us)."""
     model = get_model("nasnet_cifar", **REDUCED["nasnet_cifar"])
     return {below: rprogram_reports(lower(import_onnx(model), TARGET, RammerConfig(
-        profile=False, coarsen_below_veus=below))) for below in (False, True)}
+        profile=False, coarsen_below_veus=below, check_unmeasured=False)))
+        for below in (False, True)}
 
 
 def _starving(reports):
@@ -86,6 +89,7 @@ def test_unmeasured_coarsening_never_leaves_veus_idle(nasnet_unmeasured):
     vEUs are not the bargain the cost model would see (the full NASNet-CIFAR had 276 of its 602
     operators coarsened so in the build that ran 1.7x slower than TVM's default on an H200)."""
     reports = nasnet_unmeasured[False]
+    assert reports  # an rProgram to look at
     ops = [op for report in reports for op in report["operators"]]
     convs = [op for op in ops if "conv2d" in op["name"]]
     assert convs and all(op["kernel"].split(":")[1].startswith("dlight#") for op in convs)
