@@ -242,3 +242,13 @@ def test_predicted_decode_step_drops_by_the_overlap(gpt2_builds):
             assert sl.end_us - bar.start_us == pytest.approx(want)
             checked += 1
     assert checked > 0
+
+
+def test_the_cli_turns_the_prefetch_off_and_leaves_it_on_by_default():
+    from tvm_rammer import cli
+
+    parser = cli.build_parser()
+    for command in (["run", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"], ["inspect", "m.onnx"]):
+        assert cli._config(parser.parse_args(command)).prefetch_weights is True
+        off = parser.parse_args(command + ["--no-prefetch-weights"])
+        assert cli._config(off).prefetch_weights is False

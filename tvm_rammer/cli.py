@@ -30,6 +30,7 @@ def _config(args) -> RammerConfig:
                         gemv_epilogue=not args.no_gemv_epilogue,
                         check_unmeasured=not args.no_unmeasured_check,
                         rkernel_functions=not args.no_rkernel_functions,
+                        prefetch_weights=not args.no_prefetch_weights,
                         policy=getattr(args, "policy", "rammer"),
                         emulate_versions=getattr(args, "emulate_versions", False))
 
@@ -121,6 +122,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="keep every rKernel body inline in the persistent kernel's dispatch loop "
                         "instead of a __noinline__ device function each (RammerConfig."
                         "rkernel_functions; the functions halve nvcc's time on large models)")
+    p.add_argument("--no-prefetch-weights", action="store_true",
+                   help="no prefetch of the next rTask's weights into L2 while a vEU waits at a "
+                        "barrier-rTask (RammerConfig.prefetch_weights)")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
     p.add_argument("--timings", action="store_true",
                    help="print the seconds each compilation phase took (to stderr)")
