@@ -329,6 +329,106 @@ def test_bert_matches_numpy_and_masked_tokens_are_ignored(valid):
         assert np.abs(other[0] - got[0]).max() > 1e-4
 
 
+# float16 exports (dtype="float16"): what torch.onnx.export writes for a float16 HF model.
+
+F16 = onnx.TensorProto.FLOAT16
+
+
+def _float_inits(model):
+    return [t for t in model.graph.initializer
+            if t.data_type in (onnx.TensorProto.FLOAT, F16)]
+
+
+@pytest.mark.parametrize("name,casts", [
+    ("gpt2_decode", 0), ("llama_decode", 2 * (2 * LLAMA["layers"] + 1) + 2 * LLAMA["layers"]),
+    ("bert_base", 1)])
+def test_float16_export_is_the_float32_model_in_float16(name, casts):
+    """Same seed, same graph: every weight the float32 one rounded, float16 caches, logits and
+    hidden states, int64 ids and positions; the mask constant finfo(float16).min; Casts only where
+    HF upcasts (Llama: each RMSNorm and each attention softmax, two each; BERT: its mask)."""
+    m32 = get_model(name, **REDUCED[name])
+    m16 = get_model(name, dtype="float16", **REDUCED[name])
+    onnx.checker.check_model(m16, full_check=True)
+    onnx.shape_inference.infer_shapes(m16, strict_mode=True)
+    for a, b in ((m16.graph.input, m32.graph.input), (m16.graph.output, m32.graph.output)):
+        assert [(v.name, _dims(v)) for v in a] == [(v.name, _dims(v)) for v in b]
+        assert [v.type.tensor_type.elem_type for v in a] == [
+            F16 if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT else
+            v.type.tensor_type.elem_type for v in b]
+    w16, w32 = _float_inits(m16), _float_inits(m32)
+    assert len(w16) == len(w32)
+    upcast = 0
+    for t16, t32 in zip(w16, w32):
+        a, b = numpy_helper.to_array(t16), numpy_helper.to_array(t32)
+        if t16.name.startswith("min_"):  # the mask's finfo.min: float16's own (below)
+            continue
+        if t16.data_type == onnx.TensorProto.FLOAT:  # what Llama's RMSNorm computes in float32
+            upcast += 1
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_array_equal(a, b.astype(np.float16))
+    assert upcast == (3 * (2 * LLAMA["layers"] + 1) if name == "llama_decode" else 0)
+    ops16 = [n.op_type for n in m16.graph.node]
+    assert ops16.count("Cast") - [n.op_type for n in m32.graph.node].count("Cast") == (
+        casts if name != "bert_base" else 0)
+    assert ops16.count("Cast") == casts
+    mins = [numpy_helper.to_array(t) for t in w16 if t.name.startswith("min_")]
+    assert mins and all(m.dtype == np.float16 and m == np.finfo(np.float16).min for m in mins)
+
+
+def _half_feeds(feeds):
+    return {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()}
+
+
+@pytest.mark.parametrize("name,position", [("gpt2_decode", 0), ("gpt2_decode", 6),
+                                           ("gpt2_decode", GPT2["max_len"] - 1),
+                                           ("llama_decode", 0), ("llama_decode", 9),
+                                           ("llama_decode", LLAMA["max_len"] - 1)])
+def test_float16_decoder_matches_float32_on_onnxruntime(name, position):
+    """onnxruntime on the float16 export against the float32 one on the same (float16-exact)
+    inputs: within float16's tolerance (2e-2 of each output's scale), and not bit-equal (computed
+    in float16 indeed); control: the float32 step at another position is outside it."""
+    from tvm_rammer.numerics import relative_error
+
+    m32 = get_model(name, **REDUCED[name])
+    m16 = get_model(name, dtype="float16", **REDUCED[name])
+    feeds = {k: v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v
+             for k, v in _decode_feeds(m32, token=7, position=position).items()}
+    want, got = _ort(m32, feeds), _ort(m16, _half_feeds(feeds))
+    assert all(v.dtype == np.float16 for v in got.values())
+    errors = [relative_error(got[k].astype(np.float32), want[k]) for k in want]
+    assert max(errors) <= 2e-2 and errors[0] > 1e-6, errors
+    other = _ort(m32, {**feeds, "position": np.array([(position + 3) % REDUCED[name]["max_len"]])})
+    assert relative_error(got["logits"].astype(np.float32), other["logits"]) > 5e-2
+
+
+def test_float16_bert_matches_float32_on_onnxruntime():
+    from tvm_rammer.numerics import relative_error
+
+    m32 = get_model("bert_base", **BERT)
+    m16 = get_model("bert_base", dtype="float16", **BERT)
+    feeds = _bert_feeds(BERT["seq_len"], 11)
+    got = _ort(m16, feeds)["last_hidden_state"]
+    want = _ort(m32, feeds)["last_hidden_state"]
+    assert got.dtype == np.float16
+    assert 1e-6 < relative_error(got.astype(np.float32), want) <= 2e-2
+    other = _ort(m32, _bert_feeds(BERT["seq_len"], 12))["last_hidden_state"]  # control
+    assert relative_error(got.astype(np.float32), other) > 5e-2
+
+
+def test_float16_model_command_and_a_bad_dtype(tmp_path):
+    from tvm_rammer.cli import main
+
+    out = tmp_path / "g16.onnx"
+    assert main(["model", "gpt2_decode", "-o", str(out), "--param", "dtype=float16"] + [
+        f"--param={k}={v}" for k, v in GPT2.items()]) == 0
+    assert onnx.load(str(out)).SerializeToString() == get_model(
+        "gpt2_decode", dtype="float16", **GPT2).SerializeToString()
+    with pytest.raises(ValueError, match=r"^gpt2_decode: dtype='half': use one of float32, "
+                                         r"float16$"):
+        get_model("gpt2_decode", dtype="half", **GPT2)
+
+
 def test_runner_random_inputs_are_valid_indices(gpt2):
     """`tvm-rammer run/check` feed runner.random_inputs: integer inputs are 0 (a normal draw cast
     to int64 would give -1: an out-of-bounds Gather on the GPU)."""

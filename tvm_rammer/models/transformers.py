@@ -6,11 +6,11 @@ Inputs and outputs (``d``: d_model, ``H``: heads, ``KV``: kv_heads, ``hd = d / H
 
 - ``gpt2_decode`` / ``llama_decode``: ``input_ids`` int64 [B, 1], ``position`` int64 [1] (the
   cache slot of this token, the same for the B sequences, 0 <= position < L), then per layer
-  ``past_key_i`` and ``past_value_i`` float32 [B, H, L, hd] (Llama: [B, KV, L, hd]); outputs
-  ``logits`` [B, 1, vocab],
-  then per layer ``present_key_i`` / ``present_value_i``: the caches with this token's key and
-  value written at ``position`` (ScatterND, as an exported ``cache[:, :, position] = new`` is).
-  Attention covers all L slots with an additive mask, ``finfo(float32).min`` where the slot is past
+  ``past_key_i`` and ``past_value_i`` float32 (float16 with ``dtype="float16"``) [B, H, L, hd]
+  (Llama: [B, KV, L, hd]); outputs ``logits`` [B, 1, vocab], then per layer ``present_key_i`` /
+  ``present_value_i``: the caches with this token's key and value written at ``position``
+  (ScatterND, as an exported ``cache[:, :, position] = new`` is).
+  Attention covers all L slots with an additive mask, ``finfo(dtype).min`` where the slot is past
   ``position`` (``Range`` / ``Greater`` / ``Where``, as HF builds its causal mask from
   ``cache_position``), so the slots after the current one are never read into the result.
 - ``bert_base``: ``input_ids`` int64 [B, S] and ``attention_mask`` int64 [B, S] (1 = attend);
@@ -20,6 +20,15 @@ Weights are random from one seed: embeddings and projections scaled by 1/sqrt(fa
 activations and logits stay O(1); norm gains near 1. Large weights are drawn directly in float32
 (Llama-3.2-1B's shape is 1.24 G parameters). Save with :func:`tvm_rammer.models.save_model`, which
 writes external data past ONNX's 2 GiB protobuf limit.
+
+``dtype="float16"`` (every builder) writes what ``torch.onnx.export`` writes for the model loaded
+with ``torch_dtype=torch.float16``: the float32 model's weights (same seed) rounded to float16,
+float16 caches, logits and hidden states; token ids, positions and the BERT mask input stay int64.
+The mask constants become ``finfo(float16).min``; LayerNormalization, GPT-2's and BERT's Softmax,
+the GELUs and SiLU run in float16 as HF's modules do, and only what HF upcasts is cast: Llama's
+RMSNorm (``hidden_states.to(torch.float32)`` ... ``.to(input_dtype)``: Cast, the norm in float32,
+Cast back, then the float16 gain) and its attention softmax (``softmax(..., dtype=torch.float32)
+.to(query.dtype)``: Cast, Softmax, Cast). Rotary tables are float16 (HF's ``cos.to(x.dtype)``).
 """
 
 import numpy as np
@@ -28,17 +37,26 @@ from onnx import TensorProto, helper
 
 from ._builder import IR_VERSION, OPSET, GraphBuilder
 
-F32_MIN = float(np.finfo(np.float32).min)
 CACHE_WRITES = ("scatter_nd", "scatter_elements")
+DTYPES = {"float32": (np.float32, TensorProto.FLOAT), "float16": (np.float16, TensorProto.FLOAT16)}
 
 
 class _Builder(GraphBuilder):
     """GraphBuilder with the few things transformer graphs add: int64 inputs, float32 draws, the
-    batch of every activation's shape."""
+    batch of every activation's shape, the model's float ``dtype`` (float32 or float16: weights,
+    float inputs and constants; draws are made in float32 and rounded, so both dtypes hold the
+    same weights)."""
 
-    def __init__(self, name, seed, batch):
+    def __init__(self, name, seed, batch, dtype="float32"):
+        if dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype={dtype!r}: use one of {', '.join(DTYPES)}")
         super().__init__(name, seed)
         self.batch = batch
+        self.float, self.elem = DTYPES[dtype]
+
+    @property
+    def half(self):
+        return self.float is np.float16
 
     def build(self, outputs):
         """GraphBuilder.build's model, made without copying the weights more than once (its
@@ -48,17 +66,18 @@ class _Builder(GraphBuilder):
         shapes and the like)."""
         model = helper.make_model(
             helper.make_graph(self.nodes, self.name, self.inputs,
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                              [helper.make_tensor_value_info(o, self.elem, None)
                                for o in outputs]),
             opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tvm_rammer.models")
         model.ir_version = IR_VERSION
         light = onnx.ModelProto()
         light.CopyFrom(model)
-        floats = [t for t in self.initializers if t.data_type == TensorProto.FLOAT]
+        floats = [t for t in self.initializers
+                  if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)]
         light.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                                  for t in floats)
         light.graph.initializer.extend(t for t in self.initializers  # shapes, axes, indices
-                                       if t.data_type != TensorProto.FLOAT)
+                                       if t not in floats)
         shapes = {v.name: v for v in onnx.shape_inference.infer_shapes(light).graph.output}
         del model.graph.output[:]
         model.graph.output.extend(shapes[o] for o in outputs)
@@ -66,27 +85,48 @@ class _Builder(GraphBuilder):
             model.graph.initializer.append(self.initializers.pop(0))
         return model
 
+    def input(self, name, shape):
+        """A float input (a cache) of the model's dtype."""
+        self.inputs.append(helper.make_tensor_value_info(name, self.elem, list(shape)))
+        return name
+
     def int_input(self, name, shape):
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, list(shape)))
         return name
 
     def randn(self, shape, std, prefix="w"):
-        """Normal(0, std) weight drawn in float32 (no float64 copy of a 1 GB embedding)."""
+        """Normal(0, std) weight drawn in float32 (no float64 copy of a 1 GB embedding), in the
+        model's dtype."""
         w = self.rng.standard_normal(size=shape, dtype=np.float32)
         w *= np.float32(std)
-        return self.const(w, prefix)
+        return self.const(w.astype(self.float, copy=False), prefix)
 
     def gain(self, n, prefix="g"):
-        return self.const(1.0 + 0.1 * self.rng.standard_normal(n, dtype=np.float32), prefix)
+        return self.floats(1.0 + 0.1 * self.rng.standard_normal(n, dtype=np.float32), prefix)
 
     def shift(self, n, prefix="b"):
-        return self.const(0.02 * self.rng.standard_normal(n, dtype=np.float32), prefix)
+        return self.floats(0.02 * self.rng.standard_normal(n, dtype=np.float32), prefix)
+
+    def floats(self, values, prefix="f"):
+        """A constant of the model's dtype (float32 values rounded to float16 there)."""
+        return self.const(np.asarray(values, dtype=np.float32).astype(self.float), prefix)
 
     def ints(self, values, prefix="i"):
         return self.const(np.asarray(values, dtype=np.int64), prefix)
 
-    def scalar(self, value, prefix="s"):
-        return self.const(np.asarray(value, dtype=np.float32), prefix)
+    def scalar(self, value, prefix="s", dtype=None):
+        """A one-element constant of the model's dtype (``dtype="float32"``: float32 always, for
+        what a float16 model computes upcast)."""
+        kind = np.float32 if dtype == "float32" else self.float
+        return self.const(np.asarray(value, dtype=np.float32).astype(kind), prefix)
+
+    def cast(self, x, to_float32):
+        """Cast ``x`` to float32 (True) or back to the model's dtype (False)."""
+        return self.node("Cast", [x], to=TensorProto.FLOAT if to_float32 else self.elem)
+
+    def min_value(self):
+        """finfo(dtype).min: HF's masked-score constant for the model's dtype."""
+        return float(np.finfo(self.float).min)
 
     def linear(self, x, n_in, n_out, bias=True):
         """``x @ W (+ b)``: MatMul then Add, as torch exports nn.Linear on a 3-D input."""
@@ -145,21 +185,26 @@ def _check_cache_write(cache_write):
 
 
 def _decode_mask(g, position, max_len):
-    """Additive mask [max_len]: 0 at slots <= position, finfo(float32).min after."""
+    """Additive mask [max_len]: 0 at slots <= position, finfo(dtype).min after."""
     slots = g.node("Range", [g.ints(0, "start"), g.ints(max_len, "limit"), g.ints(1, "delta")])
     after = g.node("Greater", [slots, position])
-    return g.node("Where", [after, g.scalar(F32_MIN, "min"), g.scalar(0.0, "zero")])
+    return g.node("Where", [after, g.scalar(g.min_value(), "min"), g.scalar(0.0, "zero")])
 
 
-def _attend(g, q, k, v, mask, head_dim, divide):
+def _attend(g, q, k, v, mask, head_dim, divide, upcast=False):
     """softmax(q k^T * scale + mask) v over the cache's slots; GPT-2 divides by sqrt(hd), Llama
-    multiplies by its inverse (as each HF model writes it)."""
+    multiplies by its inverse (as each HF model writes it). ``upcast`` (Llama in float16): the
+    softmax in float32 between two Casts."""
     scores = g.node("MatMul", [q, g.node("Transpose", [k], perm=[0, 1, 3, 2])])
     if divide:
         scores = g.node("Div", [scores, g.scalar(np.sqrt(head_dim), "sqrt_hd")])
     else:
         scores = g.mul(scores, g.scalar(head_dim ** -0.5, "scale"))
-    probs = g.node("Softmax", [g.add(scores, mask)], axis=-1)
+    scores = g.add(scores, mask)
+    if upcast and g.half:
+        probs = g.cast(g.node("Softmax", [g.cast(scores, True)], axis=-1), False)
+    else:
+        probs = g.node("Softmax", [scores], axis=-1)
     return g.node("MatMul", [probs, v])
 
 
@@ -172,18 +217,19 @@ def _gelu_tanh(g, x):
 
 
 def gpt2_decode(layers=12, d_model=768, heads=12, vocab=50257, max_len=1024,
-                cache_write="scatter_nd", batch=1, seed=0):
+                cache_write="scatter_nd", dtype="float32", batch=1, seed=0):
     """One GPT-2 decode step with a static KV cache (GPT-2 small by default).
 
     Source: HF transformers' GPT2LMHeadModel (token + learned position embeddings, pre-LayerNorm
     blocks with a fused QKV MatMul + Split, tanh-GELU MLP, final LayerNorm, LM head tied to the
     token embedding: MatMul by its Transpose). Inputs and outputs: see the module docstring.
     ``cache_write``: "scatter_nd" (index_put's export) or "scatter_elements" (index_copy_'s).
+    ``dtype``: "float32" or "float16" (the module docstring).
     """
     _check_cache_write(cache_write)
     _check("gpt2_decode", layers, d_model, heads, vocab=vocab, max_len=max_len, batch=batch)
     d, hd = d_model, d_model // heads
-    g = _Builder("gpt2_decode", seed, batch)
+    g = _Builder("gpt2_decode", seed, batch, dtype)
     ids, pos = g.int_input("input_ids", [batch, 1]), g.int_input("position", [1])
     wte = g.randn((vocab, d), d ** -0.5, "wte")
     x = g.add(g.node("Gather", [wte, ids], axis=0),
@@ -208,11 +254,16 @@ def gpt2_decode(layers=12, d_model=768, heads=12, vocab=50257, max_len=1024,
 
 
 def _rms_norm(g, x, d, eps):
-    """HF LlamaRMSNorm as exported: x * (1 / sqrt(mean(x^2) + eps)) * weight."""
-    var = g.node("ReduceMean", [g.node("Pow", [x, g.scalar(2.0, "two")])], axes=[-1], keepdims=1)
-    inv = g.node("Div", [g.scalar(1.0, "one"),
-                         g.node("Sqrt", [g.add(var, g.scalar(eps, "eps"))])])
-    return g.mul(g.gain(d, "rms_g"), g.mul(x, inv))
+    """HF LlamaRMSNorm as exported: x * (1 / sqrt(mean(x^2) + eps)) * weight, the norm in float32
+    (a float16 model: Cast to float32 and back before the gain)."""
+    x = g.cast(x, True) if g.half else x
+    var = g.node("ReduceMean", [g.node("Pow", [x, g.scalar(2.0, "two", "float32")])], axes=[-1],
+                 keepdims=1)
+    inv = g.node("Div", [g.scalar(1.0, "one", "float32"),
+                         g.node("Sqrt", [g.add(var, g.scalar(eps, "eps", "float32"))])])
+    gain = g.gain(d, "rms_g")  # named before the product, as the float32 graph always was
+    normed = g.mul(x, inv)
+    return g.mul(gain, g.cast(normed, False) if g.half else normed)
 
 
 def _rotate(g, x, cos, sin, half):
@@ -241,14 +292,15 @@ def rope_tables(max_len, head_dim, theta):
 
 
 def llama_decode(layers=16, d_model=2048, heads=32, kv_heads=8, d_ff=8192, vocab=128256,
-                 max_len=1024, rope_theta=500000.0, cache_write="scatter_nd", batch=1, seed=0):
+                 max_len=1024, rope_theta=500000.0, cache_write="scatter_nd", dtype="float32",
+                 batch=1, seed=0):
     """One Llama decode step with a static KV cache (Llama-3.2-1B's shape by default, max_len 1024).
 
     Source: HF transformers' LlamaForCausalLM (RMSNorm, rotary embeddings from cos/sin tables
     Gathered at the position, grouped-query attention with ``kv_heads`` cache heads repeated to
     ``heads``, SiLU-gated MLP written x * Sigmoid(x), LM head tied to the embedding as in
     Llama-3.2-1B). Inputs and outputs: see the module docstring (caches [B, kv_heads, L, hd]).
-    ``cache_write`` as for :func:`gpt2_decode`.
+    ``cache_write`` and ``dtype`` as for :func:`gpt2_decode`.
     """
     _check_cache_write(cache_write)
     _check("llama_decode", layers, d_model, heads, kv_heads=kv_heads, d_ff=d_ff, vocab=vocab,
@@ -258,13 +310,13 @@ def llama_decode(layers=16, d_model=2048, heads=32, kv_heads=8, d_ff=8192, vocab
     d, hd = d_model, d_model // heads
     if hd % 2:
         raise ValueError(f"llama_decode: head_dim={hd} must be even for rotary embeddings")
-    g = _Builder("llama_decode", seed, batch)
+    g = _Builder("llama_decode", seed, batch, dtype)
     ids, pos = g.int_input("input_ids", [batch, 1]), g.int_input("position", [1])
     embed = g.randn((vocab, d), d ** -0.5, "embed")
     x = g.node("Gather", [embed, ids], axis=0)
     cos_t, sin_t = rope_tables(max_len, hd, rope_theta)
-    cos = g.unsqueeze(g.node("Gather", [g.const(cos_t, "cos"), pos], axis=0), [1])  # [1, 1, hd]
-    sin = g.unsqueeze(g.node("Gather", [g.const(sin_t, "sin"), pos], axis=0), [1])
+    cos = g.unsqueeze(g.node("Gather", [g.floats(cos_t, "cos"), pos], axis=0), [1])  # [1, 1, hd]
+    sin = g.unsqueeze(g.node("Gather", [g.floats(sin_t, "sin"), pos], axis=0), [1])
     mask = _decode_mask(g, pos, max_len)
     presents = []
     for i in range(layers):
@@ -280,7 +332,8 @@ def llama_decode(layers=16, d_model=2048, heads=32, kv_heads=8, d_ff=8192, vocab
         value = _cache_step(g, past_v, v, pos, kv_heads, hd, cache_write)
         n_rep = heads // kv_heads
         att = _attend(g, q, _repeat_kv(g, key, kv_heads, n_rep, max_len, hd),
-                      _repeat_kv(g, value, kv_heads, n_rep, max_len, hd), mask, hd, divide=False)
+                      _repeat_kv(g, value, kv_heads, n_rep, max_len, hd), mask, hd, divide=False,
+                      upcast=True)
         x = g.add(x, g.linear(g.merge_heads(att, d), heads * hd, d, bias=False))
         h = _rms_norm(g, x, d, 1e-5)
         gate = g.linear(h, d, d_ff, bias=False)
@@ -298,20 +351,21 @@ def _gelu_erf(g, x):
     return g.mul(g.mul(x, g.scalar(0.5, "half")), g.add(erf, g.scalar(1.0, "one")))
 
 
-def bert_base(layers=12, d_model=768, heads=12, seq_len=128, vocab=30522, d_ff=None, batch=1,
-              seed=0):
+def bert_base(layers=12, d_model=768, heads=12, seq_len=128, vocab=30522, d_ff=None,
+              dtype="float32", batch=1, seed=0):
     """A BERT encoder over ``seq_len`` tokens with an attention mask (BERT-base by default).
 
     Source: HF transformers' BertModel (word + position + token-type-0 embeddings, LayerNorm eps
     1e-12, post-LayerNorm blocks with separate Q/K/V MatMuls, the extended mask
     ``(1 - mask) * finfo.min`` added to the scores, exact-erf GELU MLP of ``d_ff`` = 4 d). Output:
-    the last hidden state [B, seq_len, d_model] (no pooler).
+    the last hidden state [B, seq_len, d_model] (no pooler). ``dtype`` as for
+    :func:`gpt2_decode` (the mask is cast to it, as HF's ``get_extended_attention_mask`` does).
     """
     d_ff = 4 * d_model if d_ff is None else d_ff
     _check("bert_base", layers, d_model, heads, seq_len=seq_len, vocab=vocab, d_ff=d_ff,
            batch=batch)
     d, hd, s = d_model, d_model // heads, seq_len
-    g = _Builder("bert_base", seed, batch)
+    g = _Builder("bert_base", seed, batch, dtype)
     ids, attn = g.int_input("input_ids", [batch, s]), g.int_input("attention_mask", [batch, s])
     emb = g.sum([g.node("Gather", [g.randn((vocab, d), 1.0, "word"), ids], axis=0),
                  g.node("Gather", [g.randn((512 if s <= 512 else s, d), 1.0, "position"),
@@ -319,8 +373,8 @@ def bert_base(layers=12, d_model=768, heads=12, seq_len=128, vocab=30522, d_ff=N
                  g.node("Gather", [g.randn((2, d), 1.0, "token_type"),
                                    g.ints(np.zeros((1, s)), "type_ids")], axis=0)])
     x = g.layer_norm(emb, d, 1e-12)
-    keep = g.node("Cast", [g.unsqueeze(attn, [1, 2])], to=TensorProto.FLOAT)  # [B, 1, 1, S]
-    mask = g.mul(g.node("Sub", [g.scalar(1.0, "one"), keep]), g.scalar(F32_MIN, "min"))
+    keep = g.node("Cast", [g.unsqueeze(attn, [1, 2])], to=g.elem)  # [B, 1, 1, S]
+    mask = g.mul(g.node("Sub", [g.scalar(1.0, "one"), keep]), g.scalar(g.min_value(), "min"))
     for _ in range(layers):
         q, k, v = (g.heads(g.linear(x, d, d), heads, hd, seq=s) for _ in range(3))
         scores = g.node("Div", [g.node("MatMul", [q, g.node("Transpose", [k], perm=[0, 1, 3, 2])]),
