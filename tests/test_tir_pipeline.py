@@ -37,7 +37,9 @@ def _bound(funcs):
     return tvm.tirx.transform.BindTarget(target.with_host("llvm"))(mod), target
 
 
-@pytest.fixture(scope="module", params=["squeezenet", "lstm_tc"])
+# AlexNet, not SqueezeNet: TVM's s_tir pipeline over reduced SqueezeNet's persistent kernel took
+# 112 s and 157 s in these two tests on the 2-core CI machine, over AlexNet's ~22 s
+@pytest.fixture(scope="module", params=["alexnet", "lstm_tc"])
 def model(request):
     return import_onnx(get_model(request.param, **REDUCED[request.param]))
 
@@ -45,8 +47,10 @@ def model(request):
 @pytest.fixture(scope="module")
 def lowered(model):
     # bodies inline: outlining them into device functions (RammerConfig.rkernel_functions) is a
-    # step of our pipeline TVM's has not (tests/test_rkernel_functions.py); here only the passes
-    return lower(model, TARGET, RammerConfig(rkernel_functions=False))
+    # step of our pipeline TVM's has not (tests/test_rkernel_functions.py); here only the passes.
+    # check_unmeasured=False: reduced AlexNet's rProgram is estimated slower than TVM's default
+    # kernels and would fall back, leaving no persistent kernel to compare
+    return lower(model, TARGET, RammerConfig(rkernel_functions=False, check_unmeasured=False))
 
 
 def _split(mod):
