@@ -28,6 +28,7 @@ def _config(args) -> RammerConfig:
                         split_concat_matmul=not args.no_split_concat_matmul,
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
                         gemv_epilogue=not args.no_gemv_epilogue,
+                        norm_fusion=not args.no_norm_fusion,
                         check_unmeasured=not args.no_unmeasured_check,
                         rkernel_functions=not args.no_rkernel_functions,
                         prefetch_weights=not args.no_prefetch_weights,
@@ -115,6 +116,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="keep same-wave GEMVs of one weight apart instead of one GEMM")
     p.add_argument("--no-gemv-epilogue", action="store_true",
                    help="keep an RNN cell's GEMV and its elementwise tail two operators")
+    p.add_argument("--no-norm-fusion", action="store_true",
+                   help="keep a decode step's LayerNorm an operator of its own instead of the "
+                        "prologue of each GEMV reading it (RammerConfig.norm_fusion)")
     p.add_argument("--no-unmeasured-check", action="store_true",
                    help="build every rProgram even when nothing is measured and the estimate says "
                         "TVM's default kernels would be faster (RammerConfig.check_unmeasured)")

@@ -49,6 +49,10 @@ class RammerConfig:
         split tail that reads it become one operator (``tir_templates.gemv_epilogue``'s rKernel:
         each rTask computes a few hidden units' gates and their cell update), so a step is one
         dependent rTask instead of two.
+    norm_fusion: with ``fusion``, run NormGEMVFusion (``relay_passes.norm_gemv``): a decode step's
+        row norm (LayerNorm, M = 1) whose only readers are GEMVs becomes each GEMV's prologue
+        (``tir_templates.norm_gemv``: every rTask recomputes the row's statistics), so the norm
+        is no dependent step (and barrier) of its own.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
     l2_bw_gbps: the L2 read bandwidth the cost model charges re-read weights at; None = the cost
@@ -164,6 +168,7 @@ class RammerConfig:
     split_concat_matmul: bool = True
     batch_shared_matmuls: bool = True
     gemv_epilogue: bool = True
+    norm_fusion: bool = True
     launch_us: float = 4.0
     barrier_us: float = 0.8
     l2_bw_gbps: float | None = None

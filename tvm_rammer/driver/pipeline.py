@@ -38,6 +38,7 @@ from relay_passes.gemv_epilogue import GEMVEpilogueFusion
 from relay_passes.inference_dropout import RemoveInferenceDropout
 from relay_passes.lift_weights import LiftWeightTransforms, WeightsAsInputs
 from relay_passes.memo_legalize import MemoLegalizeOps
+from relay_passes.norm_gemv import NormGEMVFusion
 from relay_passes.return_timelines import ReturnTimelines
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
 from relay_passes.split_tail_fusion import SplitTailFusion
@@ -46,6 +47,7 @@ from tir_templates.decode_attention import DecodeAttentionRule
 from tir_templates.default_schedule import default_schedule_pass
 from tir_templates.exact_pow import ExactPowers
 from tir_templates.gemv_epilogue import GEMVEpilogue
+from tir_templates.norm_gemv import NormGEMV
 
 from .backend import RammerBackend
 from ..codegen.tir_pipeline import install as install_tir_pipeline
@@ -77,7 +79,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
         *graph_passes(config),                         # rewrites and groups, to FuseTIR
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
-                     default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule())),
+                     default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule(), NormGEMV())),
         _with_target(target, RammerBackend(config, profiler, started)),  # versions, policy, kernels
         *([LiftWeightTransforms()] if config.weights == "apart" else []),  # blobs packed once
         *timeline,                                     # after the rewrite: main returns the buffers
@@ -98,6 +100,8 @@ def graph_passes(config: RammerConfig) -> list:
     if config.fusion and config.gemv_epilogue:
         fusion.append(GEMVEpilogueFusion(config.max_rtask_threads))  # after the groups: cell = 1 op
         fusion += lift                                 # weights apart: its interleave -> transform
+    if config.fusion and config.norm_fusion:
+        fusion.append(NormGEMVFusion())                # after the groups: norm = each GEMV's prologue
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
     if config.batch_shared_matmuls:
         split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
