@@ -28,6 +28,7 @@ def _config(args) -> RammerConfig:
                         split_concat_matmul=not args.no_split_concat_matmul,
                         batch_shared_matmuls=not args.no_batch_shared_matmuls,
                         gemv_epilogue=not args.no_gemv_epilogue,
+                        split_k=not args.no_split_k,
                         norm_fusion=not args.no_norm_fusion,
                         check_unmeasured=not args.no_unmeasured_check,
                         rkernel_functions=not args.no_rkernel_functions,
@@ -116,6 +117,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
                    help="keep same-wave GEMVs of one weight apart instead of one GEMM")
     p.add_argument("--no-gemv-epilogue", action="store_true",
                    help="keep an RNN cell's GEMV and its elementwise tail two operators")
+    p.add_argument("--no-split-k", action="store_true",
+                   help="keep a decode step's narrow GEMVs one operator each instead of a partial "
+                        "GEMV over row blocks and a sum (RammerConfig.split_k)")
     p.add_argument("--no-norm-fusion", action="store_true",
                    help="keep a decode step's LayerNorm an operator of its own instead of the "
                         "prologue of each GEMV reading it (RammerConfig.norm_fusion)")

@@ -53,6 +53,10 @@ class RammerConfig:
         row norm (LayerNorm, M = 1) whose only readers are GEMVs becomes each GEMV's prologue
         (``tir_templates.norm_gemv``: every rTask recomputes the row's statistics), so the norm
         is no dependent step (and barrier) of its own.
+    split_k: run SplitKGEMV (``relay_passes.split_k_gemv``): a one-row GEMV with a constant
+        weight whose wave of GEMVs gets fewer rTasks than the vEUs (a decode step's: GPT-2
+        small's fc2, 48 of 528) becomes a partial GEMV over S row blocks of W (S x the rTasks)
+        and a sum that fuses with its epilogue.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
     l2_bw_gbps: the L2 read bandwidth the cost model charges re-read weights at; None = the cost
@@ -168,6 +172,7 @@ class RammerConfig:
     split_concat_matmul: bool = True
     batch_shared_matmuls: bool = True
     gemv_epilogue: bool = True
+    split_k: bool = True
     norm_fusion: bool = True
     launch_us: float = 4.0
     barrier_us: float = 0.8

@@ -40,6 +40,7 @@ from relay_passes.lift_weights import LiftWeightTransforms, WeightsAsInputs
 from relay_passes.memo_legalize import MemoLegalizeOps
 from relay_passes.norm_gemv import NormGEMVFusion
 from relay_passes.return_timelines import ReturnTimelines
+from relay_passes.split_k_gemv import SplitKGEMV
 from relay_passes.split_matmul_concat import SplitMatMulOverConcat
 from relay_passes.split_tail_fusion import SplitTailFusion
 from relay_passes.split_to_slices import SplitToSlices
@@ -58,6 +59,7 @@ from .launches import count_launches
 from .report import UNPLACED_ATTR, unplaced_operators
 from ..onnx_prep.shapes import unbound_message, unbound_params
 from ..rocm.build import install as install_rocm_build
+from ..scheduling.rkernels import cost_config, vdevice_for
 from ..target import KINDS, is_rammer_target, plain_target, register_tags, rkernel_target
 from ..tuning.versions import StashUnscheduled
 
@@ -76,7 +78,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     timeline = [ReturnTimelines()] if config.timeline else []
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
-        *graph_passes(config),                         # rewrites and groups, to FuseTIR
+        *graph_passes(config, split_k_passes(target, config)),  # rewrites and groups, to FuseTIR
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
                      default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule(), NormGEMV())),
@@ -88,10 +90,11 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     ]
 
 
-def graph_passes(config: RammerConfig) -> list:
+def graph_passes(config: RammerConfig, split_k: list | tuple = ()) -> list:
     """The target-independent part of :func:`rammer_passes`: the graph rewrites, legalization and
     grouping, to ``FuseTIR`` (one PrimFunc per operator group, unscheduled). Tests build it for
-    llvm to check numerics, e.g. with the weights apart."""
+    llvm to check numerics, e.g. with the weights apart. ``split_k``: the SplitKGEMV pass for the
+    target's vDevice (:func:`split_k_passes`; run when ``config.split_k``); none by default."""
     fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
@@ -105,6 +108,7 @@ def graph_passes(config: RammerConfig) -> list:
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
     if config.batch_shared_matmuls:
         split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
+    split_k = list(split_k) if config.split_k else []
     return [
         *inputs_only,                                  # embedded: every main parameter an input
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
@@ -113,6 +117,7 @@ def graph_passes(config: RammerConfig) -> list:
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
+        *split_k,                                      # after the fold: W constants of their final dtype
         CacheSlotWrite(),                              # KV-cache scatter: 1 injective kernel, not TVM's 2
         MemoLegalizeOps(),                             # every op -> call_tir (each signature built once)
         ExactPowers(),                                 # pow(x, 2) -> x * x: fast math's powf is NaN for x < 0
@@ -122,6 +127,21 @@ def graph_passes(config: RammerConfig) -> list:
         *fusion,                                       # never joins two independent branches
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
     ]
+
+
+def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
+    """``[SplitKGEMV]`` for the target's vDevice (``vdevice_for``), [] when ``config.split_k`` is
+    off: the vEUs to fill are its SMs x the vEUs per SM of an rTask of ``max_rtask_threads``
+    threads (default registers, no shared memory; the count before any rKernel is known, H100
+    preset: 132 x 4 = 528); a split must save more read time than a barrier and a dependent rTask
+    at the cost model's bandwidth (``cost_config``)."""
+    if not config.split_k:
+        return []
+    vdevice = vdevice_for(target, config)
+    cost = cost_config(config, vdevice)
+    veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
+    return [SplitKGEMV(veus, step_us=cost.barrier_us + cost.per_rtask_overhead_us,
+                       mem_bw_gbps=cost.mem_bw_gbps)]
 
 
 def inference_passes() -> list:

@@ -1,0 +1,270 @@
+"""SplitKGEMV: a decode step's narrow GEMV becomes a partial product over row blocks and their sum.
+
+A decode step is a chain of GEMVs ``x [1, K] @ W [K, N]``, one at a time. dlight's GEMV schedule
+gives such an operator ``ceil(N / 16)`` rTasks (16 output columns each): GPT-2 small's attention
+projection and fc2 (N = 768) get 48 rTasks on the H100's 528 vEUs, so 480 vEUs idle while the
+weight streams in, and the cost model (each rTask its vEU's share of bandwidth) charges fc2 17.9 us
+for 4.7 MB of fp16 weights. An operator's rTasks are independent, so splitting the reduction over
+several rTasks needs two operators: here the K rows of W are cut into S blocks of ``K / S`` rows,
+
+    y = matmul(x, W)   ->   p = call_tir(split_k_partial, [x, W'])   # [S, 1, N], S x the rTasks
+                            y = sum(p, axis=0)                         # [1, N] (x's rank)
+
+with ``W' = reshape(W, [S, K/S, N])`` a constant (W's own bytes; no copy of data: a reshape) and
+``split_k_partial`` the batched GEMV ``p[s, 0, n] = sum_k x[.., s * K/S + k] * W'[s, k, n]``
+(unscheduled TE; dlight's GEMV rule gives it S x ``N / 16`` rTasks), which reads x as it is: a
+``reshape(x, [S, 1, K/S])`` in front of a batched ``matmul`` would be an operator of its own
+(FuseOps joins no reshape to a LayerNorm before it), one more dependent step. The sum is a small
+reduction that FuseOps joins with the GEMV's epilogue (bias, residual add, cast, GELU), which it
+would have joined anyway. The weight bytes read are the same; ``S x N`` partial sums more are written and read.
+The partials are accumulated in the matmul's ``out_dtype``, and in float32 where the result is
+float16 (then cast back once, after the sum). The summation order changes (float rounding).
+
+Which matmuls. ``relax.matmul(x, W)`` in a function's dataflow blocks with ``W`` a Constant (or a
+weight parameter past ``num_input``, ``relay_passes.lift_weights``: then ``W'`` is a ``reshape``
+binding on it, which LiftWeightTransforms moves into ``transform_params``) of static shape
+``[K, N]``, and ``x`` of static shape ``[1, ..., 1, K]`` (one row: M = 1, batch 1; never a GEMM),
+when the GEMVs that may run at the same time as it do not fill the vEUs: its *wave* (its own
+estimated rTasks plus those of every matmul with a weight that is neither its ancestor nor its
+descendant in the dataflow, estimated ``ceil(M / c) * ceil(N / c)``, ``c = columns_per_rtask``)
+is below ``veus``. So an RNN's GEMVs, which its wavefront runs side by side (and whose recurrent
+halves GEMVEpilogueFusion wants plain), are left alone; a decoder's chain of GEMVs is split, and
+GEMVs of one input (Llama's Q, K, V) share their wave. S: the smallest divisor of K with
+``wave * S >= veus`` and ``K / S >= min_rows``; where no divisor reaches the vEUs, the largest
+with ``K / S >= min_rows``; nothing when that is below 2. And only where it pays: the weight's
+read time as the cost model charges it (``bytes / mem_bw`` spread over ``min(rTasks, veus)`` of
+the ``veus`` vEUs' bandwidth shares) falls by more than ``step_us``, the dependent step the sum
+adds (the pipeline: a barrier and a dependent rTask). A small model's GEMVs (the reduced test
+models') are left alone; GPT-2 small's all four per layer are split.
+
+In: Relax with high-level ops, after ToMixedPrecision and FoldConstantOps (the weights constants
+of their final dtype), before LegalizeOps. ``veus``: the vEUs to fill (``driver.pipeline``: the
+vDevice's SMs x the vEUs per SM of an rTask of ``max_rtask_threads``), ``step_us`` and
+``mem_bw_gbps`` (the pipeline: the cost model's). Out: the same computation
+with each chosen matmul replaced as above; the module unchanged when none is chosen.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from .lift_weights import weight_params
+
+__all__ = ["SplitKGEMV", "plan_splits"]
+
+MATMUL = tvm.ir.Op.get("relax.matmul")
+CONSTANT = tvm.ir.expr.Constant
+
+
+def _static_shape(expr):
+    """Dims of a tensor expr as ints, or None when the shape is not static."""
+    shape = getattr(expr.ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return dims
+
+
+def _is_matmul(value):
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+        and value.op.same_as(MATMUL)
+
+
+def _weight_matmul(value, weights):
+    """``(M, K, N)`` of ``matmul(x, W)`` with W a constant or weight parameter of static shape
+    ``[K, N]`` and x of static shape ``[..., K]`` (M: the product of x's other dims), or None."""
+    if not _is_matmul(value):
+        return None
+    x, w = value.args
+    if not (isinstance(w, CONSTANT) or w in weights):
+        return None
+    w_shape, x_shape = _static_shape(w), _static_shape(x)
+    if w_shape is None or x_shape is None or len(w_shape) != 2 or not x_shape \
+            or x_shape[-1] != w_shape[0]:
+        return None
+    return int(np.prod(x_shape[:-1], dtype=np.int64)), w_shape[0], w_shape[1]
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def _choose_s(k, wave, veus, min_rows):
+    """The number of row blocks (module docstring), or None."""
+    divisors = [s for s in range(2, k // max(min_rows, 1) + 1) if k % s == 0]
+    if not divisors:
+        return None
+    return next((s for s in divisors if wave * s >= veus), divisors[-1])
+
+
+def _read_us(nbytes, rtasks, veus, mem_bw_gbps):
+    """The cost model's time to read ``nbytes`` with ``rtasks`` rTasks, each its vEU's share of
+    the bandwidth (``mem_bw_gbps`` GB/s = 1e3 bytes per us)."""
+    return nbytes / (mem_bw_gbps * 1e3) * veus / min(rtasks, veus)
+
+
+def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
+                min_rows: int = 32, step_us: float = 0.0, mem_bw_gbps: float = 3000.0) -> dict:
+    """{matmul Call: S} for the GEMVs of ``func`` to split (module docstring); {} when none."""
+    weights = set(weight_params(func))
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return {}
+    bindings = [b for block in body.blocks for b in block.bindings]
+    matmuls = []  # (binding index, call, M, K, N)
+    for n, binding in enumerate(bindings):
+        found = _weight_matmul(binding.value, weights)
+        if found is not None:
+            matmuls.append((n, binding.value, *found))
+    if not any(m == 1 and _ceil(nn, columns_per_rtask) < veus for _, _, m, _, nn in matmuls):
+        return {}
+    # ancestors of every binding, as a bitset over the matmuls (bit j: matmuls[j])
+    bit = {n: 1 << j for j, (n, *_) in enumerate(matmuls)}
+    position = {b.var: n for n, b in enumerate(bindings)}
+    ancestors = [0] * len(bindings)
+    for n, binding in enumerate(bindings):
+        acc = 0
+        for var in relax.analysis.free_vars(binding.value):
+            d = position.get(var)
+            if d is not None:
+                acc |= ancestors[d] | bit.get(d, 0)
+        ancestors[n] = acc
+    rtasks = [_ceil(m, columns_per_rtask) * _ceil(nn, columns_per_rtask)
+              for _, _, m, _, nn in matmuls]
+    plan = {}
+    for j, (n, call, m, k, nn) in enumerate(matmuls):
+        if m != 1 or rtasks[j] >= veus:
+            continue
+        wave = rtasks[j]
+        for i, (other, *_) in enumerate(matmuls):
+            if i != j and not ancestors[n] >> i & 1 and not ancestors[other] >> j & 1:
+                wave += rtasks[i]
+                if wave >= veus:
+                    break
+        if wave >= veus:
+            continue
+        s = _choose_s(k, wave, veus, min_rows)
+        if s is None:
+            continue
+        nbytes = k * nn * np.dtype(str(call.args[1].ty.dtype)).itemsize
+        saved = _read_us(nbytes, wave, veus, mem_bw_gbps) - _read_us(nbytes, wave * s, veus,
+                                                                       mem_bw_gbps)
+        if saved > step_us:
+            plan[call] = s
+    return plan
+
+
+def partial_func(x_shape, s: int, n: int, in_dtype: str, out_dtype: str, block_shift: int = 0):
+    """The partial GEMV over ``s`` row blocks: ``x`` of shape ``x_shape`` ``[1, ..., 1, K]``,
+    ``w`` ``[s, K/s, n]`` -> ``p [s, 1, n]`` with ``p[b, 0, j] = sum_k x[.., b * K/s + k] *
+    w[b, k, j]``, accumulated in ``out_dtype`` (inputs cast to it, as a legalized matmul with an
+    out_dtype). A PrimFunc (unscheduled). ``block_shift`` (tests' negative control only): W's
+    block b meets x's block ``(b + block_shift) mod s``."""
+    rows = int(x_shape[-1]) // s
+    i64 = [tvm.tirx.IntImm("int64", d) for d in (s, rows, n, 1)]  # as legalized operators' buffers
+    x = te.placeholder([tvm.tirx.IntImm("int64", int(d)) for d in x_shape], in_dtype, name="x")
+    w = te.placeholder(i64[:3], in_dtype, name="w")
+    k = te.reduce_axis((tvm.tirx.IntImm("int64", 0), i64[1]), name="k")
+    lead = [tvm.tirx.IntImm("int64", 0)] * (len(x_shape) - 1)
+
+    def block(b):
+        return (b + block_shift) % i64[0] if block_shift else b
+
+    def cast(value):
+        return value if in_dtype == out_dtype else value.astype(out_dtype)
+
+    p = te.compute((i64[0], i64[3], i64[2]), lambda b, i, j: te.sum(
+        cast(x[(*lead, block(b) * rows + k)]) * cast(w[b, k, j]), axis=k), name="split_k_partial")
+    return te.create_prim_func([x, w, p]).without_attr("global_symbol")  # named by its module
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Replaces the planned matmuls; W's blocks shared by every matmul of the same W and S."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.plan = {}
+        self.blocks = {}
+        self.funcs = {}
+        self.rewrites = 0
+
+    def _partial(self, x_shape, s, n, in_dtype, out_dtype):
+        key = (tuple(x_shape), s, n, in_dtype, out_dtype)
+        if key not in self.funcs:
+            self.funcs[key] = self.builder_.add_func(
+                partial_func(x_shape, s, n, in_dtype, out_dtype), "split_k_partial")
+        return self.funcs[key]
+
+    def _weight_blocks(self, weight, s):
+        key = (weight, s)
+        if key not in self.blocks:
+            k, n = _static_shape(weight)
+            if isinstance(weight, CONSTANT):
+                data = weight.value.numpy()
+                self.blocks[key] = relax.const(data.reshape(s, k // s, n), str(data.dtype))
+            else:  # a weight parameter: LiftWeightTransforms moves the reshape out
+                self.blocks[key] = self.builder_.emit(relax.op.reshape(weight, [s, k // s, n]))
+        return self.blocks[key]
+
+    def visit_call_(self, call):
+        s = self.plan.get(call)
+        new = super().visit_call_(call)
+        if s is None:
+            return new
+        x, weight = new.args
+        _, n = _static_shape(weight)
+        out_shape = _static_shape(call)
+        dtype = str(call.ty.dtype)
+        acc = "float32" if dtype == "float16" else dtype
+        func = self._partial(_static_shape(x), s, n, str(x.ty.dtype), acc)
+        partial = self.builder_.emit(relax.call_tir(
+            func, [x, self._weight_blocks(weight, s)], relax.TensorType((s, 1, n), acc)))
+        total = relax.op.sum(partial, axis=[0], keepdims=len(out_shape) == 3)
+        if acc != dtype:
+            total = relax.op.astype(self.builder_.emit(total), dtype)
+        if len(out_shape) not in (2, 3):
+            total = relax.op.reshape(self.builder_.emit(total), out_shape)
+        self.rewrites += 1
+        return self.builder_.normalize(total)
+
+
+@tvm.transform.module_pass(opt_level=0, name="SplitKGEMV")
+class SplitKGEMV:
+    """Split the reduction of every narrow decode-step GEMV over S row blocks (module docstring).
+
+    ``veus``: the vEUs a GEMV's rTasks should fill; ``columns_per_rtask``: output columns per rTask
+    of the unsplit GEMV's schedule (dlight's GEMV rule: 16); ``min_rows``: fewest rows of W per
+    block; ``step_us``: the least read time a split must save (0: any); ``mem_bw_gbps``: the
+    bandwidth that read time is charged at."""
+
+    def __init__(self, veus: int, columns_per_rtask: int = 16, min_rows: int = 32,
+                 step_us: float = 0.0, mem_bw_gbps: float = 3000.0):
+        if veus < 1 or columns_per_rtask < 1 or min_rows < 1:
+            raise ValueError(f"SplitKGEMV(veus={veus}, columns_per_rtask={columns_per_rtask}, "
+                             f"min_rows={min_rows}): each must be >= 1")
+        if not step_us >= 0 or not mem_bw_gbps > 0:
+            raise ValueError(f"SplitKGEMV(step_us={step_us}, mem_bw_gbps={mem_bw_gbps}): use "
+                             "step_us >= 0 and mem_bw_gbps > 0")
+        self.veus, self.columns_per_rtask, self.min_rows = veus, columns_per_rtask, min_rows
+        self.step_us, self.mem_bw_gbps = step_us, mem_bw_gbps
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Rewrite the planned matmuls of every Relax function of ``mod``."""
+        rewriter = _Rewriter(mod)
+        for gv, func in mod.functions_items():
+            if not isinstance(func, relax.Function):
+                continue
+            plan = plan_splits(func, self.veus, self.columns_per_rtask, self.min_rows,
+                               self.step_us, self.mem_bw_gbps)
+            if not plan:
+                continue
+            rewriter.plan = plan
+            rewriter.blocks = {}
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        return rewriter.builder_.get() if rewriter.rewrites else mod

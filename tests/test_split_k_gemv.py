@@ -1,0 +1,229 @@
+"""SplitKGEMV (relay_passes.split_k_gemv): a narrow decode-step GEMV becomes a partial GEMV over
+S row blocks of W and a sum.
+
+The rewrite against its expected form (Before/Expected); which matmuls are split (a chain's
+GEMVs; not a wave of parallel GEMVs that fills the vEUs, not M > 1, not a K without a divisor);
+numerics against NumPy on llvm (fp32, and fp16 inputs accumulating in fp32) with a negative
+control (the row blocks read in the wrong order: detected); the reduced gpt2_decode through the
+rammer graph passes on llvm and (slow) the pipeline's CUDA on the CPU emulator, against
+onnxruntime; the pipeline's vEU count and the config flag.
+"""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from relay_passes import split_k_gemv as pass_module
+from relay_passes.split_k_gemv import SplitKGEMV, partial_func, plan_splits
+from tir_templates.serial_run import serial_threads
+from tvm_rammer import RammerConfig
+from tvm_rammer.models import REDUCED, get_model
+
+K, N = 64, 32
+
+
+def _gemv_module(k=K, n=N, m=1, dtype="float32", out_dtype=None, bias=True, seed=0):
+    """main(x [m, 1, k]) = x @ W (+ b): W, b constants. Returns (module, W, b)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(out_dtype or dtype)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, 1, k), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(w), out_dtype=out_dtype))
+            if bias:
+                y = bb.emit(relax.op.add(y, relax.const(b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def test_the_rewrite_is_the_partial_and_the_sum():
+    """veus 8, 2 natural rTasks (N 32 / 16), min_rows 8: S = 4 (the smallest divisor of 64 with
+    2 * S >= 8), W' = W reshaped [4, 16, 32]; the bias stays after the sum."""
+    before, w, b = _gemv_module()
+    after = SplitKGEMV(veus=8, min_rows=8)(before)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, K), "float32"))
+    partial = bb.add_func(partial_func([1, 1, K], 4, N, "float32", "float32"), "split_k_partial")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.call_tir(partial, [x, relax.const(w.reshape(4, 16, N))],
+                                       relax.TensorType((4, 1, N), "float32")))
+            y = bb.emit(relax.op.sum(p, axis=[0], keepdims=True))
+            y = bb.emit(relax.op.add(y, relax.const(b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(after, bb.get())
+
+
+def test_what_is_split_and_what_is_not():
+    mod, _, _ = _gemv_module()
+    assert list(plan_splits(mod["main"], veus=8, min_rows=8).values()) == [4]
+    assert list(plan_splits(mod["main"], veus=100, min_rows=8).values()) == [8]  # K/S >= 8
+    assert plan_splits(mod["main"], veus=2) == {}  # 2 rTasks already fill 2 vEUs
+    assert plan_splits(mod["main"], veus=8, min_rows=64) == {}  # no block of >= 64 rows
+    assert plan_splits(_gemv_module(m=4)[0]["main"], veus=8, min_rows=8) == {}  # a GEMM
+    assert plan_splits(_gemv_module(k=61)[0]["main"], veus=8, min_rows=8) == {}  # K prime
+    unchanged, _, _ = _gemv_module()
+    assert SplitKGEMV(veus=2)(unchanged).same_as(unchanged)
+
+
+def _parallel_gemvs(branches):
+    """``branches`` GEMVs of one input side by side (a wave), their outputs added."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, K), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ys = [bb.emit(relax.op.matmul(x, relax.const(
+                rng.standard_normal((K, N)).astype("float32")))) for _ in range(branches)]
+            total = ys[0]
+            for y in ys[1:]:
+                total = bb.emit(relax.op.add(total, y))
+            out = bb.emit_output(total)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_wave_of_gemvs_that_fills_the_veus_is_left_alone():
+    """Four parallel GEMVs of 2 rTasks: a wave of 8. 8 vEUs: none split; 16 vEUs: each split in
+    two (the wave's 8 x 2), not in eight (what one alone would need)."""
+    assert plan_splits(_parallel_gemvs(4)["main"], veus=8, min_rows=8) == {}
+    assert sorted(plan_splits(_parallel_gemvs(4)["main"], veus=16, min_rows=8).values()) == [2] * 4
+    # a chain is no wave: each GEMV of a chain is split for itself
+    mod, _, _ = _gemv_module()
+    assert list(plan_splits(mod["main"], veus=16, min_rows=8).values()) == [8]
+
+
+def _llvm(mod):
+    mod = relax.transform.LegalizeOps()(mod)
+    return relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+
+
+@pytest.mark.parametrize("dtype, out_dtype", [("float32", None), ("float16", "float32"),
+                                              ("float16", None)])
+def test_split_gemv_matches_numpy_on_llvm(dtype, out_dtype):
+    """fp32; fp16 inputs with an fp32 out_dtype (ToMixedPrecision's matmul); an fp16 matmul
+    (partials in fp32, one cast after the sum)."""
+    before, w, b = _gemv_module(k=256, n=48, dtype=dtype, out_dtype=out_dtype)
+    after = SplitKGEMV(veus=64, min_rows=16)(before)
+    assert "split_k_partial" in after.script()
+    x = np.random.default_rng(1).standard_normal((1, 1, 256)).astype(dtype)
+    want = x.astype("float64") @ w.astype("float64") + b.astype("float64")
+    got = _llvm(after)["main"](tvm.runtime.tensor(x)).numpy()
+    assert got.dtype == np.dtype(out_dtype or dtype)
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
+
+
+def test_row_blocks_in_the_wrong_order_are_detected(monkeypatch):
+    """Negative control: the partial reading x's block b + 1 for W's block b gives other sums."""
+    def shifted(x_shape, s, n, in_dtype, out_dtype):
+        return partial_func(x_shape, s, n, in_dtype, out_dtype, block_shift=1)
+
+    monkeypatch.setattr(pass_module, "partial_func", shifted)
+    before, w, b = _gemv_module(k=256, n=48)
+    after = SplitKGEMV(veus=64, min_rows=16)(before)
+    x = np.random.default_rng(1).standard_normal((1, 1, 256)).astype("float32")
+    got = _llvm(after)["main"](tvm.runtime.tensor(x)).numpy()
+    assert not np.allclose(got, x @ w + b, rtol=1e-3, atol=1e-3)
+
+
+def test_bad_sizes_are_one_clear_error():
+    with pytest.raises(ValueError, match=r"veus=0.*must be >= 1"):
+        SplitKGEMV(veus=0)
+
+
+# The reduced GPT-2 decode step (d_model 64: QKV 12 rTasks, projection and fc2 4, fc1 16, head 6).
+
+GPT2 = REDUCED["gpt2_decode"]
+VEUS = 16  # RammerConfig(num_sms=4, veus_per_sm=4) on the H100 preset
+
+
+def _feeds(model, position, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([position], np.int64)}
+    for value in model.graph.input[2:]:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def _errors(outputs, model, feeds):
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.run.runner import onnx_reference
+
+    return [relative_error(np.asarray(g), r)
+            for g, r in zip(outputs, onnx_reference(model, feeds))]
+
+
+@pytest.mark.parametrize("precision, tol", [("float32", 1e-4), ("float16", 2e-2)])
+def test_reduced_gpt2_graph_passes_match_onnxruntime_on_llvm(precision, tol):
+    """The rammer graph passes with 16 vEUs (every GEMV but fc1 split) built for llvm."""
+    pytest.importorskip("onnxruntime")
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
+
+    model = get_model("gpt2_decode", **GPT2)
+    mod = import_onnx(model)
+    passes = graph_passes(RammerConfig(precision=precision), [SplitKGEMV(VEUS, min_rows=16)])
+    mod = tvm.transform.Sequential(passes)(mod)
+    assert any("split_k_partial" in str(gv.name_hint) for gv in mod.get_global_vars())
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):  # the decode attention's kernels: threads serial
+            mod[gv] = serial_threads(func)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    for p in (0, GPT2["max_len"] - 1):
+        feeds = _feeds(model, p)
+        got = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input])
+        assert max(_errors([g.numpy() for g in got], model, feeds)) <= tol, p
+
+
+def test_the_pipeline_fills_the_vdevices_veus():
+    from tvm_rammer.driver.pipeline import graph_passes, rammer_passes, split_k_passes
+
+    target = tvm.target.Target("rammer/nvidia-h100")
+    (full,) = split_k_passes(target, RammerConfig(num_sms=132))
+    assert (full.veus, full.step_us, full.mem_bw_gbps) == (528, 1.3, 3000.0)  # 132 x 4 of 256
+    assert split_k_passes(target, RammerConfig(num_sms=4, veus_per_sm=4))[0].veus == VEUS
+    assert split_k_passes(target, RammerConfig(split_k=False)) == []
+    names = [p.info.name for p in rammer_passes(target, RammerConfig(num_sms=132))]
+    assert names.index("FoldConstantOps") < names.index("SplitKGEMV") < names.index("MemoLegalizeOps")
+    assert "SplitKGEMV" not in [p.info.name for p in graph_passes(RammerConfig(split_k=False),
+                                                                  [full])]
+
+
+def test_a_split_must_save_more_than_the_step_it_adds():
+    """fp32 W [3072, 768] (9.4 MB, 48 rTasks of 528 vEUs): 31.5 us of reading saved, split at a
+    1.3 us step; [64, 32] (8 KB): 0.03 us saved, not split (a reduced model's GEMVs)."""
+    big, _, _ = _gemv_module(k=3072, n=768, bias=False)
+    small, _, _ = _gemv_module()
+    assert list(plan_splits(big["main"], 528, step_us=1.3).values()) == [12]
+    assert plan_splits(small["main"], 528, step_us=1.3) == {}
+    assert plan_splits(small["main"], 528) != {}  # the step alone decides
+
+@pytest.mark.slow
+def test_reduced_gpt2_on_the_emulator_matches_onnxruntime(monkeypatch):
+    """The rammer pipeline's CUDA (4 SMs x 4 vEUs) on the CPU emulator at positions 0 and L - 1
+    (fp32: relative error <= 1e-4), its GEMVs split whatever they save (the reduced model's
+    weights are too small for the pipeline's step test)."""
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tvm_rammer.checks import emulator
+    from tvm_rammer.driver import pipeline
+
+    monkeypatch.setattr(pipeline, "SplitKGEMV", lambda veus, **_: SplitKGEMV(veus, min_rows=16))
+    model = get_model("gpt2_decode", **GPT2)
+    build = emulator.emulation_build(model, config=RammerConfig(num_sms=4, veus_per_sm=4))
+    assert "split_k_partial" in build.cuda_source
+    for p in (0, GPT2["max_len"] - 1):
+        feeds = _feeds(model, p)
+        result = emulator.emulate(build, [feeds[i.name] for i in model.graph.input])
+        assert max(_errors(result.outputs, model, feeds)) <= 1e-4, p
