@@ -242,14 +242,15 @@ def annotated_matmul(func):
     return sch.mod["main"]
 
 
-def _group_body(graph, node, args, bb, memo, replace=None):
-    """Emit ``node``'s calls inside the function being built; ``args``: its inputs' vars (in the
-    order of the call's arguments); ``replace``: callee -> callee to call instead. Returns the
-    var of its output."""
+def _group_body(graph, node, args, bb, replace=None, output=False):
+    """Emit ``node``'s calls inside the dataflow block being built; ``args``: its inputs' vars
+    (in the order of the call's arguments); ``replace``: callee -> callee to call instead;
+    ``output``: its result is the block's output. Returns the var of its output."""
     replace = replace or {}
     if node.kind == "call_tir":
         gvar = replace.get(node.gvar, node.gvar)
-        return bb.emit(relax.call_tir(gvar, relax.Tuple(args), out_ty=node.var.ty), node.name)
+        call = relax.call_tir(gvar, relax.Tuple(args), out_ty=node.var.ty)
+        return bb.emit_output(call) if output else bb.emit(call, node.name)
     callee = graph.mod[node.value.op]
     inner = dict(zip(callee.params, args))
     for blk in callee.body.blocks:
@@ -257,8 +258,9 @@ def _group_body(graph, node, args, bb, memo, replace=None):
             value = b.value
             call_args = [inner[a] if isinstance(a, relax.Var) else a for a in value.args[1].fields]
             gvar = replace.get(value.args[0], value.args[0])
-            inner[b.var] = bb.emit(relax.call_tir(gvar, relax.Tuple(call_args), out_ty=b.var.ty),
-                                   str(b.var.name))
+            call = relax.call_tir(gvar, relax.Tuple(call_args), out_ty=b.var.ty)
+            last = output and b.var.same_as(callee.body.body)
+            inner[b.var] = bb.emit_output(call) if last else bb.emit(call, str(b.var.name))
     return inner[callee.body.body]
 
 
@@ -298,11 +300,10 @@ def _emit(mod, graph, fusions):
             name = f"fused_norm_{callee.name_hint}"[:64]
             with bb.function(name, params, private=True, attrs={"Primitive": True}):
                 with bb.dataflow():
-                    row = _group_body(graph, norm, norm_vars, bb, {})
+                    row = _group_body(graph, norm, norm_vars, bb)
                     args = [row if v is None else v for v in other]
-                    out = _group_body(graph, gemv.node, args, bb, {},
-                                      {gemv.matmul: annotated[gemv.matmul.name_hint]})
-                    out = bb.emit_output(out)
+                    out = _group_body(graph, gemv.node, args, bb,
+                                      {gemv.matmul: annotated[gemv.matmul.name_hint]}, output=True)
                 gvar = bb.emit_func_output(out)
             replace[gemv.node.index] = relax.Call(gvar, ext)
         dropped.add(norm_index)

@@ -29,6 +29,7 @@ function does not have that shape (the pass fuses only what it recognises).
 from __future__ import annotations
 
 import numpy as np
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 
@@ -90,8 +91,10 @@ class NormGEMV:
     def apply(self, func, target=None, _tunable=False):
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(func)
-        if _annotated(sch) is None:
+        marked = []
+        tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: marked.append(
+            NORM_GEMV_ANNOTATION in b.annotations))])
+        if not any(marked):
             return None
         max_threads = 256
         if target is not None and hasattr(target, "attrs"):

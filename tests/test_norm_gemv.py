@@ -1,0 +1,258 @@
+"""A decode step's LayerNorm fused into the GEMVs that read it (issue 34):
+``relay_passes.norm_gemv.NormGEMVFusion`` and ``tir_templates.norm_gemv.NormGEMV``.
+
+The pass: Before/Expected on ``layer_norm -> matmul + bias`` after the grouping (one fused
+function per GEMV holding the norm's call then the GEMV's, the matmul's block annotated); a norm
+whose output is also read by something else (a residual, BERT's post-LN) or returned is left as
+it is. The rule: its one-kernel schedule run on llvm (thread loops serial) against NumPy's
+LayerNorm then matmul, float32 and float16, with a negative control (the epsilon changed) that
+the same check detects. The pipeline: reduced gpt2_decode has five operators fewer (its norms)
+and, on the CPU emulator, one launch matching onnxruntime.
+"""
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from relay_passes.branch_fusion import BranchPreservingFusion
+from relay_passes.norm_gemv import NORM_GEMV_ANNOTATION, NormGEMVFusion, annotated_matmul
+from tir_templates.norm_gemv import NormGEMV, norm_gemv_shape, schedule_norm_gemv
+from tir_templates.serial_run import serial_threads
+from tvm_rammer.models import REDUCED, get_model
+
+K, N, EPS = 64, 96, 1e-5
+
+
+def _tensor(shape, dtype="float32"):
+    return relax.TensorType(list(shape), dtype)
+
+
+def _consts(dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(K).astype("float32"), rng.standard_normal(K).astype("float32"),
+            (rng.standard_normal((K, N)) / 8).astype(dtype), rng.standard_normal(N).astype(dtype))
+
+
+def _high_level(residual=False, returned=False, dtype="float32"):
+    """``main(x) = layer_norm(x) [-> astype] @ W + b`` (``residual``: plus the norm's output
+    added to the result; ``returned``: the norm's output returned too)."""
+    g, beta, w, bias = _consts(dtype)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", _tensor((1, 1, K)))
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ln = bb.emit(op.nn.layer_norm(x, relax.const(g), relax.const(beta), axes=[-1],
+                                          epsilon=EPS))
+            row = ln if dtype == "float32" else bb.emit(op.astype(ln, dtype))
+            y = bb.emit(op.add(op.matmul(row, relax.const(w), out_dtype="float32")
+                               if dtype == "float32" else
+                               op.astype(op.matmul(row, relax.const(w), out_dtype="float32"),
+                                         dtype), relax.const(bias)))
+            if residual:
+                y = bb.emit(op.add(bb.emit(op.matmul(row, relax.const(w[:, :K]))), row))
+            out = bb.emit_output(relax.Tuple([y, ln]) if returned else y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _grouped(mod):
+    """Legalized, op patterns, grouped as the rammer pipeline groups before its fusion passes."""
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+              relax.transform.FoldConstant(), BranchPreservingFusion()]
+    return tvm.transform.Sequential(passes)(mod)
+
+
+def _calls(func):
+    names = []
+
+    def visit(call):
+        if isinstance(call.op, tvm.ir.GlobalVar):
+            names.append(call.op.name_hint)
+        elif isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir":
+            names.append(call.args[0].name_hint)
+
+    tvm_ffi.structural_walk(func.body, (relax.Call, visit))
+    return names
+
+
+def _expected(before):
+    """What the pass should make of ``_grouped(_high_level())``: main calls one fused function
+    (the norm's call_tir, then the GEMV group's calls with the annotated matmul copy)."""
+    main = before["main"]
+    (ln_binding, gemv_binding) = main.body.blocks[0].bindings[:2]
+    ln_call, gemv_call = ln_binding.value, gemv_binding.value
+    group = before[gemv_call.op]
+    matmul_call, add_call = [b.value for b in group.body.blocks[0].bindings]
+    bb = relax.BlockBuilder(before)
+    annotated = bb.add_func(annotated_matmul(before[matmul_call.args[0]]),
+                            f"{matmul_call.args[0].name_hint}_norm_gemv")
+    ext = [*ln_call.args[1].fields, *gemv_call.args[1:]]
+    params = [relax.Var(f"p{i}", e.ty) for i, e in enumerate(ext)]
+    with bb.function(f"fused_norm_{gemv_call.op.name_hint}", params, private=True,
+                     attrs={"Primitive": True}):
+        with bb.dataflow():
+            row = bb.emit(relax.call_tir(ln_call.args[0], relax.Tuple(params[:3]),
+                                         out_ty=ln_binding.var.ty))
+            mm = bb.emit(relax.call_tir(annotated, relax.Tuple([row, params[3]]),
+                                        out_ty=matmul_call.ty))
+            out = bb.emit_output(relax.call_tir(add_call.args[0], relax.Tuple([mm, params[4]]),
+                                                out_ty=add_call.ty))
+        fused = bb.emit_func_output(out)
+    bindings = [relax.VarBinding(gemv_binding.var, relax.Call(fused, ext)),
+                *main.body.blocks[0].bindings[2:]]  # the norm's binding goes
+    new_main = relax.Function(main.params, relax.SeqExpr([relax.DataflowBlock(bindings)],
+                                                         main.body.body),
+                              main.ret_ty, main.is_pure, main.attrs)
+    bb.update_func(before.get_global_var("main"), relax.BlockBuilder().normalize(new_main))
+    out = bb.finalize()
+    return tvm.IRModule({gv: f for gv, f in out.functions_items()
+                         if gv.name_hint != gemv_call.op.name_hint}, attrs=out.attrs)
+
+
+def test_layer_norm_becomes_the_prologue_of_its_gemv():
+    before = _grouped(_high_level())
+    assert _calls(before["main"])[:2] == ["layer_norm", "fused_matmul_add"]
+    after = NormGEMVFusion()(before)
+    tvm.ir.assert_structural_equal(after, _expected(before))
+
+
+@pytest.mark.parametrize("case", [dict(residual=True), dict(returned=True)],
+                         ids=["also_read_by_an_add", "returned"])
+def test_a_norm_needed_elsewhere_is_left_alone(case):
+    mod = _grouped(_high_level(**case))
+    tvm.ir.assert_structural_equal(NormGEMVFusion()(mod), mod)
+
+
+def test_the_pass_and_the_rule_are_in_the_rammer_pipeline_and_the_flag_turns_them_off():
+    from tvm_rammer import cli
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.pipeline import graph_passes
+
+    names = [p.info.name for p in graph_passes(RammerConfig())]
+    assert names.index("BranchPreservingFusion") < names.index("NormGEMVFusion") \
+        < names.index("FuseTIR")
+    assert "NormGEMVFusion" not in [p.info.name for p in
+                                    graph_passes(RammerConfig(norm_fusion=False))]
+    parser = cli.build_parser()
+    for command in (["run", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"], ["inspect", "m.onnx"]):
+        assert cli._config(parser.parse_args(command)).norm_fusion is True
+        assert cli._config(parser.parse_args(command + ["--no-norm-fusion"])).norm_fusion is False
+
+
+# The rule.
+
+def _fused_prim_func(dtype):
+    mod = relax.transform.FuseTIR()(NormGEMVFusion()(_grouped(_high_level(dtype=dtype))))
+    (func,) = [f for gv, f in mod.functions_items()
+               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused_norm")]
+    return func
+
+
+def _numpy(x, dtype, eps=EPS):
+    g, beta, w, bias = _consts(dtype)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    row = ((x - mean) / np.sqrt(var + eps) * g + beta).astype(dtype)
+    return row.astype("float32") @ w.astype("float32") + bias.astype("float32")
+
+
+def _run_llvm(func, x, dtype):
+    g, beta, w, bias = _consts(dtype)
+    mod = tvm.IRModule({"main": serial_threads(func).with_attr("global_symbol", "main")})
+    run = tvm.compile(mod, target="llvm")["main"]
+    args = [tvm.runtime.tensor(a) for a in (x, g, beta, w, bias, np.zeros((1, 1, N), dtype))]
+    run(*args)
+    return args[-1].numpy().astype("float32")
+
+
+def _with_epsilon(func, eps):
+    """``func`` with its LayerNorm epsilon (the float32 constant ``EPS``) replaced."""
+    def swap(imm):
+        if str(imm.ty) == "float32" and abs(float(imm.value) - EPS) < 1e-9:
+            return tirx.FloatImm("float32", eps)
+        return imm
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.FloatImm, swap)]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_one_kernel_schedule_matches_numpy_on_llvm(dtype):
+    func = _fused_prim_func(dtype)
+    scheduled = NormGEMV().apply(func, tvm.target.Target("cuda"))
+    assert scheduled is not None
+    text = scheduled.mod["main"].script()
+    assert text.count('thread="blockIdx.x"') == 1 and NORM_GEMV_ANNOTATION not in text
+    x = (np.random.default_rng(3).standard_normal((1, 1, K)) * 2 + 0.5).astype("float32")
+    got = _run_llvm(scheduled.mod["main"], x, dtype)
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    np.testing.assert_allclose(got, _numpy(x, dtype), rtol=tol, atol=tol)
+
+
+def test_a_wrong_epsilon_is_detected_on_llvm():
+    """Negative control: the same kernel with epsilon 0.5 instead of 1e-5 differs from NumPy
+    beyond the tolerance (the row's variance is about 4)."""
+    x = (np.random.default_rng(3).standard_normal((1, 1, K)) * 2 + 0.5).astype("float32")
+    wrong = _with_epsilon(_fused_prim_func("float32"), 0.5)
+    got = _run_llvm(schedule_norm_gemv(wrong).mod["main"], x, "float32")
+    assert np.abs(got - _numpy(x, "float32")).max() > 1e-2
+    np.testing.assert_allclose(got, _numpy(x, "float32", eps=0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_the_rule_leaves_other_functions_and_picks_whole_warps():
+    assert NormGEMV().apply(tirx.PrimFunc([], tirx.Evaluate(0))) is None
+    # GPT-2 small's QKV in float16: 2-lane columns, 2 lanes of columns, 64 rows in flight
+    assert norm_gemv_shape(2304, 768, 2) == (2, 8, 16)
+    assert norm_gemv_shape(96, 64, 4) == (4, 1, 64)
+    for n, k, size in ((2304, 768, 2), (3072, 768, 4), (50257, 768, 2), (192, 64, 2)):
+        vec, lanes, split_k = norm_gemv_shape(n, k, size)
+        assert n % vec == 0 and k % split_k == 0 and (lanes * split_k) % 32 == 0
+
+
+# The pipeline on the reduced decoder.
+
+def _main_calls(model, norm_fusion):
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
+
+    with tvm.target.Target("cuda"):
+        mod = tvm.transform.Sequential(graph_passes(RammerConfig(norm_fusion=norm_fusion)))(
+            import_onnx(model))
+    return _calls(mod["main"])
+
+
+def test_reduced_gpt2_has_no_norm_operator_left():
+    model = get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+    with_fusion, without = _main_calls(model, True), _main_calls(model, False)
+    norms = 2 * REDUCED["gpt2_decode"]["layers"] + 1
+    assert without.count("layer_norm") == norms and "layer_norm" not in with_fusion
+    assert len(with_fusion) == len(without) - norms
+    assert sum(n.startswith("fused_norm") for n in with_fusion) == norms
+
+
+def test_reduced_gpt2_on_the_emulator_matches_onnxruntime():
+    """The rammer pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator, float32: one launch,
+    relative error <= 1e-4 against onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks import emulator
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.run.runner import onnx_reference
+
+    model = get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+    rng = np.random.default_rng(1)
+    feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([6], np.int64)}
+    for value in model.graph.input[2:]:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    build = emulator.emulation_build(model, config=RammerConfig(num_sms=2, veus_per_sm=2))
+    result = emulator.emulate(build, [feeds[i.name] for i in model.graph.input])
+    assert len(result.launches) == 1
+    errors = [relative_error(o, r) for o, r in zip(result.outputs, onnx_reference(model, feeds))]
+    assert max(errors) <= 1e-4, errors
