@@ -232,3 +232,12 @@ def test_reduced_gpt2_on_the_emulator_matches_onnxruntime(monkeypatch):
         assert max(errors(build, p)) <= 1e-4, p
     monkeypatch.setattr(pass_module, "partial_func", lambda *args: partial_func(*args, block_shift=1))
     assert errors(emulator.emulation_build(model, config=config), 6)[0] > 1e-3
+
+
+def test_the_flag_turns_it_off():
+    from tvm_rammer import cli
+
+    parser = cli.build_parser()
+    for command in (["run", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"], ["inspect", "m.onnx"]):
+        assert cli._config(parser.parse_args(command)).split_k is True
+        assert cli._config(parser.parse_args(command + ["--no-split-k"])).split_k is False
