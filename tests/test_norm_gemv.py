@@ -204,8 +204,9 @@ def test_a_wrong_epsilon_is_detected_on_llvm():
 
 def test_the_rule_leaves_other_functions_and_picks_whole_warps():
     assert NormGEMV().apply(tirx.PrimFunc([], tirx.Evaluate(0))) is None
-    # GPT-2 small's QKV in float16: 2-lane columns, 2 lanes of columns, 64 rows in flight
-    assert norm_gemv_shape(2304, 768, 2) == (2, 8, 16)
+    # GPT-2 small's QKV in float16: 2 columns a thread, 2 lanes of them, 128 rows in flight
+    # (576 rTasks of 256 threads); the reduced model's: 64 rows (K) in flight
+    assert norm_gemv_shape(2304, 768, 2) == (2, 2, 128)
     assert norm_gemv_shape(96, 64, 4) == (4, 1, 64)
     for n, k, size in ((2304, 768, 2), (3072, 768, 4), (50257, 768, 2), (192, 64, 2)):
         vec, lanes, split_k = norm_gemv_shape(n, k, size)

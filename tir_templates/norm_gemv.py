@@ -42,7 +42,8 @@ VECTOR_BYTES = 16
 # 2 lanes it writes make_uint4 / make_uint2 of 8 / 4 halves, which does not compile. float32's
 # make_float4 of 4 floats does.
 HALF_VEC = 2
-MIN_RTASKS = 128  # the widest rTask that still leaves this many of them (about an H100's SMs)
+MIN_RTASKS = 512  # the widest rTask that still leaves this many (an H100's 132 SMs x 4 vEUs of 256
+# threads: the cost model gives each rTask its vEU's share of bandwidth, so fewer leave it idle)
 
 
 def _annotated(sch):
@@ -60,8 +61,8 @@ def norm_gemv_shape(n: int, k: int, itemsize: int, max_threads: int = 256) -> tu
     """``(vec, threads_n, split_k)`` for a GEMV of N columns and K rows: ``vec`` columns per
     thread (a 16-byte weight load where N is a multiple of it, else the largest power of two
     dividing N below it), the widest ``threads_n`` in (1, 2, 8, 32) that leaves at least
-    :data:`MIN_RTASKS` rTasks (else 1), ``split_k`` the rest of ``min(128, max_threads)``
-    threads, halved until it divides K (no predicate on the weight's vector loads: TVM's CUDA
+    :data:`MIN_RTASKS` rTasks (else 1), ``split_k`` the rest of ``min(256, max_threads)``
+    threads (dlight's GEMV width), halved until it divides K (no predicate on the weight's vector loads: TVM's CUDA
     codegen writes a predicated half x 8 load as an invalid ``make_uint4`` of 8 values). None
     when the threads would not be whole warps."""
     vec = max(1, VECTOR_BYTES // max(itemsize, 1))
@@ -69,7 +70,7 @@ def norm_gemv_shape(n: int, k: int, itemsize: int, max_threads: int = 256) -> tu
         vec = min(vec, HALF_VEC)
     while vec > 1 and n % vec:
         vec //= 2
-    threads = min(128, max_threads)
+    threads = min(256, max_threads)
     threads_n = 1
     for lanes in (2, 8, 32):
         if -(-n // (vec * lanes)) >= MIN_RTASKS:
