@@ -72,7 +72,10 @@ def slot_write_inplace(data_ty, indices_ty, updates_ty, axis: int, nd: bool,
     """The in-place kernel: ``(data, indices, updates)`` -> nothing; for every element of
     ``updates`` (its rTasks cover the update, not the cache), ``data`` at the slot
     ``norm(index)`` along ``axis`` (same index reading as :func:`slot_write`) is overwritten;
-    an index out of range writes nothing. For ``R.call_tir_inplace(..., inplace_indices=0)``."""
+    an index out of range writes nothing. For ``R.call_tir_inplace(..., inplace_indices=0)``.
+    The block declares the one element it writes (its slot read from ``indices``), so the cost
+    model charges the update's bytes, not the cache's (``rkernels.param_bytes``' indirect
+    regions)."""
     from tvm.script.ir_builder import IRBuilder  # pylint: disable=import-outside-toplevel
     from tvm.script.ir_builder import tirx as T  # pylint: disable=import-outside-toplevel
 
@@ -98,7 +101,7 @@ def slot_write_inplace(data_ty, indices_ty, updates_ty, axis: int, nd: bool,
                     slot = tirx.Select(index < 0, index + extent, index)
                     target = v[:axis] + [slot.astype("int32")] + rest  # shapes of Python ints
                     T.reads(indices[tuple(at)], updates[tuple(v)])
-                    T.writes(data[tuple(v[:axis] + [slice(0, extent)] + rest)])
+                    T.writes(data[tuple(target)])  # one element at a data-dependent slot
                     with T.If(tirx.all(slot >= 0, slot < extent)):
                         with T.Then():
                             T.buffer_store(data, updates[tuple(v)], target)

@@ -17,6 +17,14 @@ R.Shape([n, m]))`). Such definers are among the user's `preds`, so they order th
 A node is *placeable* (can become rTasks) when it is a `call_tir` with static input and output
 shapes, no `tir_vars`, and a callee PrimFunc in the module that binds `blockIdx` (a scheduled GPU
 kernel). Otherwise `reason` says why not.
+
+An `R.call_tir_inplace` (``relay_passes.cache_write``'s KV-cache write) is a node of kind
+"call_tir_inplace": its `inputs` line up with its PrimFunc's parameters (it has no output
+parameters), each output is a tensor of its own (its readers depend on this node) whose bytes are
+those of the input it was written into (`inplace[k]`: the position in `inputs` of output k). It is
+placeable as a call_tir is, when every output is written in place into a function parameter that no
+other binding reads and that does not itself leave the block (so nothing can read the old contents
+after the write).
 """
 import functools
 from dataclasses import dataclass, field
@@ -27,6 +35,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 EXTERN_CALL_OPS = ("relax.call_dps_packed", "relax.call_pure_packed", "relax.call_packed")
 
 
@@ -69,11 +78,13 @@ class TensorRef:
 
 @dataclass
 class Node:
-    """One binding of the dataflow block. `kind` is "call_tir", "alias" or "opaque"; `value` is the
-    bound expression; `gvar` is the callee of a call_tir; `preds` are the indices of the nodes whose
-    outputs it reads or that define (match_cast) a symbolic shape variable it uses. A call_tir's
-    `inputs` follow its argument tuple (a tensor passed twice is listed twice), so `inputs + outputs`
-    line up with the PrimFunc's params; other nodes list each tensor they read once."""
+    """One binding of the dataflow block. `kind` is "call_tir", "call_tir_inplace", "alias" or
+    "opaque"; `value` is the bound expression; `gvar` is the callee of a call_tir(_inplace); `preds`
+    are the indices of the nodes whose outputs it reads or that define (match_cast) a symbolic shape
+    variable it uses. A call_tir's `inputs` follow its argument tuple (a tensor passed twice is
+    listed twice), so `inputs + outputs` line up with the PrimFunc's params; a call_tir_inplace's
+    `inputs` alone do, and `inplace[k]` is the position in `inputs` its output k is written into;
+    other nodes list each tensor they read once."""
 
     index: int
     var: relax.Var
@@ -85,6 +96,7 @@ class Node:
     preds: list = field(default_factory=list)
     placeable: bool = False
     reason: str = ""
+    inplace: tuple = ()
 
     @property
     def name(self):
@@ -268,6 +280,7 @@ class _GraphBuilder:
                 outputs += self._resolve(b.var)
         for leaf in _leaf_vars(self.func.body.body):
             outputs += self._resolve(leaf)
+        _check_inplace(nodes, set(outputs))
         return DataflowGraph(self.func, self.mod, self.block, nodes, set(outputs), self.tensor_of)
 
     def _resolve(self, expr):
@@ -316,7 +329,7 @@ class _GraphBuilder:
             node = Node(index, var, "opaque", value, inputs=inputs, outputs=outputs)
             self.tensor_of[var] = outputs
             self._classify(node, binding)
-            if node.kind != "call_tir":
+            if node.kind not in ("call_tir", "call_tir_inplace"):
                 node.inputs = _dedup(inputs)
         preds = {t.producer for t in node.inputs if t.producer is not None}
         node.preds = sorted((preds | self._shape_var_definers(index, binding)) - {index})
@@ -343,6 +356,13 @@ class _GraphBuilder:
         if op in EXTERN_CALL_OPS or isinstance(value.op, relax.ExternFunc):
             node.reason = f"not a PrimFunc (library/extern call {op})"
             return
+        if value.op.same_as(CALL_TIR_INPLACE):
+            node.kind, node.gvar = "call_tir_inplace", value.args[0]
+            node.inplace = tuple(int(k) for k in value.attrs.inplace_indices)
+            node.placeable, node.reason = self._call_tir_placeable(value, node)
+            if any(k < 0 for k in node.inplace):
+                node.placeable, node.reason = False, "call_tir_inplace with outputs of its own"
+            return
         if not value.op.same_as(CALL_TIR):
             node.reason = f"opaque binding ({op})"
             return
@@ -363,6 +383,27 @@ class _GraphBuilder:
         if node.gvar not in self._kernels:
             self._kernels[node.gvar] = _callee_placeable(node.gvar, self.mod)
         return self._kernels[node.gvar]
+
+
+def _check_inplace(nodes, graph_outputs):
+    """A placeable call_tir_inplace stays placeable only when each tensor it writes into is a
+    function parameter that no other binding reads and that does not leave the block itself: in
+    an rProgram nothing may read the old contents after the write, and the old tensor must not
+    be anyone's result."""
+    for node in nodes:
+        if node.kind != "call_tir_inplace" or not node.placeable:
+            continue
+        for k in node.inplace:
+            written = node.inputs[k]
+            others = [n for n in nodes if n.index != node.index and written in n.inputs]
+            if written.producer is not None or written.is_constant:
+                why = "writes in place into a tensor that is not a function parameter"
+            elif others or written in graph_outputs or node.inputs.count(written) > 1:
+                why = "writes in place into a tensor that is also read elsewhere"
+            else:
+                continue
+            node.placeable, node.reason = False, why
+            break
 
 
 def has_tir_vars(call):

@@ -5,6 +5,10 @@ Input: a Relax module whose ``main`` is one dataflow block, and the rPrograms to
 back end (``tvm_rammer.driver.backend``) decided them. Output: the same module with the persistent PrimFuncs
 added and, in ``main``, every rProgram's bindings replaced by one ``call_tir`` whose outputs take
 over the tensors read outside the rProgram; other bindings are kept unchanged; dead code removed.
+An rProgram with outputs written in place into its arguments (``RProgramCall.aliased``: a KV
+cache written by ``call_tir_inplace``) is one ``call_tir_inplace`` instead, those outputs first,
+each aliasing its argument (``inplace_indices``), the others -1 (the PrimFunc's own outputs, in
+order; the timeline buffer stays the last).
 
 A pure graph rewrite: no kernels are built, timed or chosen here. Bindings are re-emitted by level
 (an rProgram at the level of its first operator) in a topological order of the segments, so every
@@ -41,6 +45,8 @@ class RProgramCall:
         packs: ``(position in args, PrimFunc, its arguments, its output TensorType)`` per argument
             computed by a call of its own, emitted just before the rProgram (weights kept apart:
             the constants blob packed from the weight parameters; the arg there is a placeholder).
+        aliased: ``(tensor, position in args)`` per tensor read outside that the rProgram wrote
+            in place into that argument (no parameter of the PrimFunc of its own).
     """
 
     name: str
@@ -51,6 +57,7 @@ class RProgramCall:
     extra_outputs: tuple
     level: int
     packs: tuple = ()
+    aliased: tuple = ()
 
 
 def _static_shape(tensor) -> tuple:
@@ -158,10 +165,18 @@ class _Rewriter(relax.PyExprMutator):
             pack = bb.add_func(func, f"{rp.name}_pack_weights")
             args[pos] = bb.emit(relax.call_tir(pack, relax.Tuple([self.visit_expr(e) for e in pack_args]),
                                                out_ty), name_hint=f"{rp.name}_weights")
-        out_sinfo = [relax.TensorType(_static_shape(t), t.dtype) for t in rp.outputs]
+        out_sinfo = [relax.TensorType(_static_shape(t), t.dtype) for t, _ in rp.aliased]
+        out_sinfo += [relax.TensorType(_static_shape(t), t.dtype) for t in rp.outputs]
         out_sinfo += list(rp.extra_outputs)
-        call = bb.emit(relax.call_tir(gv, relax.Tuple(args), out_sinfo), name_hint=rp.name)
-        new_of = {t: relax.TupleGetItem(call, k) for k, t in enumerate(rp.outputs)}
+        new_of = {t: k for k, (t, _) in enumerate(rp.aliased)}
+        new_of.update({t: len(rp.aliased) + k for k, t in enumerate(rp.outputs)})
+        if rp.aliased:  # written in place: the first outputs, each one of the arguments
+            inplace = [pos for _, pos in rp.aliased] + [-1] * (len(out_sinfo) - len(rp.aliased))
+            value = relax.op.call_tir_inplace(gv, relax.Tuple(args), inplace, out_sinfo)
+        else:
+            value = relax.call_tir(gv, relax.Tuple(args), out_sinfo)
+        call = bb.emit(value, name_hint=rp.name)
+        new_of = {t: relax.TupleGetItem(call, k) for t, k in new_of.items()}
         for i in rp.nodes:
             node = self.graph.nodes[i]
             var = self.graph.block.bindings[i].var

@@ -23,8 +23,10 @@ TIMELINE_KERNELS_ATTR = "rammer.timeline_kernels"
 
 
 def _instrumented_callee(mod: tvm.IRModule, value, attr: str):
-    """The callee's name when ``value`` is a call_tir of a PrimFunc with ``attr``, else None."""
-    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_tir")):
+    """The callee's name when ``value`` is a call_tir (or call_tir_inplace: an rProgram writing a
+    KV cache in place) of a PrimFunc with ``attr``, else None."""
+    if not (isinstance(value, relax.Call) and value.op in (
+            tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))):
         return None
     gvar = value.args[0]
     func = mod[gvar] if isinstance(gvar, tvm.ir.GlobalVar) else None

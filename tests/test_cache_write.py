@@ -381,33 +381,81 @@ def test_in_place_decode_step_on_llvm_updates_the_callers_caches():
 
 # The reduced decoders: one persistent kernel per step, on the emulator.
 
-def _emulated(name, cache_kind, monkeypatch=None, wrong_slot=False):
+def _late(original, shift_axis_of):
+    """``original`` (a kernel maker of cache_write) whose every cache write lands one slot later."""
+    import tvm_ffi
+    from tvm import te, tirx
+
+    def copying(data, indices, updates, **spec):
+        last = indices.shape[-1] - 1  # ScatterND's slot component only
+        later = te.compute(indices.shape, lambda *i: indices(*i) + tirx.Select(
+            i[-1] == last, tirx.const(1, "int64"), tirx.const(0, "int64")), name="later")
+        return original(data, later, updates, **spec)
+
+    def in_place(*types, **spec):
+        func = original(*types, **spec)
+        axis = spec["axis"]
+
+        def shift(store):
+            index = list(store.indices)
+            index[axis] = index[axis] + 1
+            return tirx.BufferStore(store.buffer, store.value, index)
+        return func.with_body(tvm_ffi.structural_map(func.body, (tirx.BufferStore, shift)))
+
+    return in_place if shift_axis_of == "inplace" else copying
+
+
+def _emulated(name, cache_kind, monkeypatch=None, wrong_slot=False, inplace=True):
+    """(launches, relative errors of the outputs vs onnxruntime, whether each output cache IS the
+    emulator's input cache array (written in place), {operator: (rTasks, threads)} of the
+    cache writes in the rProgram)."""
+    import json
+
     from tvm_rammer import RammerConfig
     from tvm_rammer.checks import emulator
+    from tvm_rammer.checks.emulator.interpret import Interpreter
+    from tvm_rammer.driver.report import REPORT_ATTR
     from tvm_rammer.models import REDUCED, get_model
     from tvm_rammer.numerics import relative_error
     from tvm_rammer.run.runner import onnx_reference
 
     if wrong_slot:  # negative control: every cache write lands one slot later
-        original = cache_write.slot_write
+        which = "slot_write_inplace" if inplace else "slot_write"
+        monkeypatch.setattr(cache_write, which, _late(getattr(cache_write, which),
+                                                      "inplace" if inplace else "copy"))
+    seen = {"args": [], "out": None}
+    argument, call = Interpreter._argument, Interpreter.__call__
 
-        def late(data, indices, updates, **spec):
-            from tvm import te, tirx
-            last = indices.shape[-1] - 1  # ScatterND's slot component only
-            later = te.compute(indices.shape, lambda *i: indices(*i) + tirx.Select(
-                i[-1] == last, tirx.const(1, "int64"), tirx.const(0, "int64")), name="later")
-            return original(data, later, updates, **spec)
+    def recorded_argument(self, param, value):
+        seen["args"].append(argument(self, param, value))
+        return seen["args"][-1]
 
-        monkeypatch.setattr(cache_write, "slot_write", late)
+    def recorded_call(self, *args, **kwargs):
+        seen["out"] = call(self, *args, **kwargs)
+        return seen["out"]
+
     model = get_model(name, cache_write=cache_kind, **REDUCED[name])
     rng = np.random.default_rng(3)
     feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([6], np.int64)}
     for value in model.graph.input[2:]:
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
-    result = emulator.emulate(model, feeds, config=RammerConfig(num_sms=2, veus_per_sm=2))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Interpreter, "_argument", recorded_argument)
+        patch.setattr(Interpreter, "__call__", recorded_call)
+        result = emulator.emulate(model, feeds, config=RammerConfig(num_sms=2, veus_per_sm=2,
+                                                                    inplace_cache=inplace))
     ref = onnx_reference(model, feeds)
-    return len(result.launches), [relative_error(o, r) for o, r in zip(result.outputs, ref)]
+    errors = [relative_error(o, r) for o, r in zip(result.outputs, ref)]
+    written = [out is arg for out, arg in zip(seen["out"][1:], seen["args"][2:])]
+    writes = {}
+    for _, func in result.build.relax_mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None \
+                and REPORT_ATTR in func.attrs:
+            for op in json.loads(str(func.attrs[REPORT_ATTR]))["operators"]:
+                if "cache_write" in op["name"]:
+                    writes.setdefault(op["name"], set()).add((op["rtasks"], op["threads"]))
+    return len(result.launches), errors, written, writes
 
 
 def _need_compiler():
@@ -420,19 +468,39 @@ def _need_compiler():
     ("gpt2_decode", "scatter_nd"), ("gpt2_decode", "scatter_elements"),
     ("llama_decode", "scatter_nd"), ("llama_decode", "scatter_elements"),
 ])
-def test_reduced_decode_step_is_one_launch_matching_onnxruntime(name, cache_kind):
-    """Before the pass: 11 (gpt2) and 13 (llama) launches, each cache write 2 kernels of its own."""
+def test_reduced_decode_step_is_one_launch_writing_its_caches_in_place(name, cache_kind):
+    """Before the pass: 11 (gpt2) and 13 (llama) launches, each cache write 2 kernels of its own.
+    With the pipeline's default (``inplace_cache``): one launch, the caches written in place by
+    rTasks of the rProgram (each output cache IS the caller's cache array), as many rTasks as
+    the update needs (one here: 64 or 32 elements), not the cache (1024 or 512 elements: 4 or 2
+    rTasks of 256 threads), and every output equal to onnxruntime's."""
     _need_compiler()
-    launches, errors = _emulated(name, cache_kind)
+    launches, errors, written, writes = _emulated(name, cache_kind)
     assert launches == 1
     assert max(errors) <= 1e-4, errors
+    assert written and all(written), written
+    assert writes == {"cache_write_inplace": {(1, 256)}}, writes
 
 
 @pytest.mark.slow
-def test_a_cache_write_one_slot_late_is_detected_on_the_emulator(monkeypatch):
+def test_the_copying_cache_write_leaves_the_callers_caches_alone():
+    """Control of the in-place check: ``inplace_cache=False`` (the copying select over the whole
+    cache: 4 rTasks of 256 threads for 1024 elements) matches onnxruntime too, in one launch,
+    but no output cache is the caller's array."""
+    _need_compiler()
+    launches, errors, written, writes = _emulated("gpt2_decode", "scatter_nd", inplace=False)
+    assert launches == 1 and max(errors) <= 1e-4, errors
+    assert written and not any(written), written
+    assert {rtasks for found in writes.values() for rtasks, _ in found} == {4}, writes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inplace", [True, False])
+def test_a_cache_write_one_slot_late_is_detected_on_the_emulator(monkeypatch, inplace):
     """Negative control: the same step with every slot written at position + 1 differs from
     onnxruntime in the caches (and so in the logits: attention reads the slot at position)."""
     _need_compiler()
-    launches, errors = _emulated("gpt2_decode", "scatter_nd", monkeypatch, wrong_slot=True)
+    launches, errors, _, _ = _emulated("gpt2_decode", "scatter_nd", monkeypatch, wrong_slot=True,
+                                       inplace=inplace)
     assert launches == 1
     assert min(errors[1:]) > 1e-2 and errors[0] > 1e-4, errors

@@ -156,3 +156,45 @@ def test_placeable_requires_prim_func_in_module():
     g = graph_of(mod)
     assert {n.reason for n in g.nodes} == {"PrimFunc has no thread-block schedule"}
     assert isinstance(g.nodes[0].gvar, tvm.ir.GlobalVar)
+
+
+
+def _in_place_write(read_elsewhere):
+    """main(cache, new, index): the cache written in place at ``index`` (the call_tir_inplace of
+    ``cache_write.slot_write_inplace``, as CacheSlotWrite(inplace=True) emits it), then exp,
+    scheduled for the GPU; with ``read_elsewhere`` the exp's input also adds the old cache (which
+    the pass itself never writes in place)."""
+    from relay_passes.cache_write import slot_write_inplace
+
+    cache = relax.Var("cache", relax.TensorType((1, 2, 4, 3), "float32"))
+    new = relax.Var("new", relax.TensorType((1, 2, 1, 3), "float32"))
+    index = relax.Var("index", relax.TensorType((1, 2, 1, 3), "int64"))
+    bb = relax.BlockBuilder()
+    write = bb.add_func(slot_write_inplace(cache.ty, index.ty, new.ty, axis=2, nd=False,
+                                           kept_one=False), "cache_write_inplace")
+    with bb.function("main", [cache, new, index]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.call_tir_inplace(write, relax.Tuple([cache, index, new]), [0],
+                                                    cache.ty))
+            if read_elsewhere:
+                out = bb.emit(relax.op.add(out, cache))
+            out = bb.emit_output(relax.op.exp(out))
+        bb.emit_func_output(out)
+    return ob.gpu_schedule(relax.transform.LegalizeOps()(bb.get()))
+
+
+def test_an_in_place_write_is_a_node_whose_output_takes_its_inputs_bytes():
+    """A call_tir_inplace node: its inputs line up with the PrimFunc's parameters (no output
+    parameter), its output is a tensor of its own that its reader depends on, written into
+    input 0; placeable. Control: the same write with the old cache read by another binding is
+    not placeable, and says why."""
+    g = graph_of(_in_place_write(read_elsewhere=False))
+    write = next(n for n in g.nodes if n.kind == "call_tir_inplace")
+    assert write.inplace == (0,) and write.placeable, write.reason
+    assert [t.expr.name for t in write.inputs] == ["cache", "index", "new"]
+    assert len(g.mod[write.gvar].params) == len(write.inputs)
+    reader = next(n for n in g.nodes if write.outputs[0] in n.inputs)
+    assert write.index in reader.preds and write.outputs[0] != write.inputs[0]
+    bad = graph_of(_in_place_write(read_elsewhere=True))
+    write = next(n for n in bad.nodes if n.kind == "call_tir_inplace")
+    assert not write.placeable and "read elsewhere" in write.reason

@@ -152,6 +152,13 @@ class RammerConfig:
         megakernel does across its barriers, issue 34). The bandwidth and barrier figures are
         unchanged; the gain is unmeasured until a GPU run. The emulator ignores the prefetches;
         the ROCm back end emits none (and charges none). False: no prefetch, no overlap.
+    inplace_cache: a KV-cache scatter into a function parameter that nothing else reads becomes
+        ``R.call_tir_inplace`` of a kernel over the update only (``relay_passes.cache_write``,
+        ``CacheSlotWrite(inplace=True)``), placed as rTasks in the rProgram, whose call then
+        aliases that output to the caller's cache tensor: a decode step writes one slot per
+        head instead of copying every cache (GPT-2 small fp32: 75.5 MB read and written per
+        step). False: the copying form ``select(slot == position, update, cache)`` over the
+        whole cache (the caller's caches are left unchanged).
     weights: "embedded" (default): the model's weights are constants of the library. "apart": an
         ONNX model is imported with its initializers as parameters, the weight rewrites (batch
         norm folding, W's row blocks, stacked weights, interleaved columns, constant folding) are
@@ -197,6 +204,7 @@ class RammerConfig:
     rkernel_functions: bool = True
     weights: str = "embedded"
     prefetch_weights: bool = True
+    inplace_cache: bool = True
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

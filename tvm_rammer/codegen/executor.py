@@ -7,7 +7,8 @@ What it checks, on the table itself and not on the policy's bookkeeping:
 
 * every instruction decodes, each rTask instruction names exactly one operator of the rProgram
   (found from the tensors its kernel parameters are bound to: arena offsets read from the table);
-* every rTask of every operator runs exactly once; nobody writes an input or the constants;
+* every rTask of every operator runs exactly once; nobody writes an input or the constants
+  (except an operator writing in place, ``"inplace"``, into the input it names);
 * every barrier-rTask is released and every vEU reaches the end of its list (no deadlock);
 * every rTask starts only after every rTask of each operator producing one of its inputs has
   finished, per tensor, with producers taken from the Relax dataflow graph (the manifest);
@@ -138,18 +139,24 @@ def build_manifest(graph, node_ids, tensors, spec, table, num_veus: int, num_rta
         entries.append({"kernel": entry.kernel.name, "params": params})
     tensor_info, ops = {}, {}
     members = set(node_ids)
+    written_into = {out: node.inputs[k] for node in (graph.nodes[op] for op in node_ids)
+                    for out, k in zip(node.outputs, node.inplace)}
     for op in node_ids:
         node = graph.nodes[op]
         ids = []
-        for t in [*node.inputs, *node.outputs]:
+        # an in-place operator's parameters are its inputs, those it writes listed in "inplace"
+        for t in [*node.inputs, *([] if node.inplace else node.outputs)]:
             slot, offset = tensors.where[t]
             tid = _tensor_id(graph, t, (slot, offset))
             tensor_info[tid] = {"slot": slot, "offset": 0 if offset is None else offset,
                                 "nbytes": _nbytes(t.shape, t.dtype), "dtype": t.dtype,
                                 "producer": t.producer if t.producer in members else None}
+            if t in written_into:  # the same bytes as the tensor it was written into
+                tensor_info[tid]["aliases"] = _tensor_id(graph, written_into[t], (slot, offset))
             ids.append(tid)
         ops[str(op)] = {"name": node.name, "num_rtasks": int(num_rtasks[op]),
-                        "reads": len(node.inputs), "params": ids}
+                        "reads": len(node.inputs), "params": ids,
+                        **({"inplace": list(node.inplace)} if node.inplace else {})}
     return {"kernel": spec.name, "num_veus": int(num_veus),
             "table": [int(x) for x in np.asarray(table)], "slots": slots, "entries": entries,
             "tensors": tensor_info, "ops": ops}
@@ -205,8 +212,9 @@ def _op_key(manifest, op: dict, entry: dict):
     return tuple(offsets[k] for k in range(len(offsets)))
 
 
-def _param_ranges(manifest, entry: dict, offsets: tuple, reads: int) -> list:
-    """[(slot, start byte, end byte, writes)] of one instruction's kernel parameters."""
+def _param_ranges(manifest, entry: dict, offsets: tuple, reads: int, inplace=()) -> list:
+    """[(slot, start byte, end byte, writes)] of one instruction's kernel parameters (``inplace``:
+    the positions among the reads that the operator also writes)."""
     out = []
     for p, binding in enumerate(entry["params"]):
         size = _itemsize(binding["dtype"])
@@ -216,7 +224,7 @@ def _param_ranges(manifest, entry: dict, offsets: tuple, reads: int) -> list:
             start = binding["offset"] * size
         else:
             start = 0
-        out.append((binding["slot"], start, start + binding["nbytes"], p >= reads))
+        out.append((binding["slot"], start, start + binding["nbytes"], p >= reads or p in inplace))
     return out
 
 
@@ -275,7 +283,8 @@ def resolve(manifest: dict) -> _Program:
                                 f"{seen[key]} and {where}")
             seen[key] = where
             op_of[(veu, pc)] = uid
-            ranges.setdefault(uid, _param_ranges(manifest, entry, offsets, op["reads"]))
+            ranges.setdefault(uid, _param_ranges(manifest, entry, offsets, op["reads"],
+                                                 op.get("inplace", ())))
     counted = [c for c in counter_of.values() if c >= 0]
     if len(counted) != len(set(counted)):
         problems.append("two operators count on one operator-completion counter")
@@ -285,8 +294,10 @@ def resolve(manifest: dict) -> _Program:
             problems.append(f"{op['name']}: rTask(s) {missing[:8]} never run (not in the table)")
     read_only = {k for k, s in enumerate(slots) if s["role"] in ("input", "constants")}
     for uid, rs in ranges.items():
+        in_place = {int(tensors[ops[uid]["params"][p]]["slot"]) for p in ops[uid].get("inplace", ())}
         for slot, _, _, writes in rs:
-            if writes and slot in read_only:
+            if writes and slot in read_only and not (slot in in_place
+                                                     and slots[slot]["role"] == "input"):
                 problems.append(f"{ops[uid]['name']} writes buffer {slots[slot]['name']}, which is "
                                 f"{slots[slot]['role']} (read-only)")
     deps = {uid: sorted({str(tensors[tid]["producer"]) for tid in op["params"][: op["reads"]]
@@ -433,6 +444,8 @@ def _check_live_overlaps(manifest, prog, first_start, last_end) -> None:
         for other in live[i + 1:]:
             if other[0] != slot or other[1] >= hi:
                 break
+            if tensors[tid].get("aliases") == other[5] or tensors[other[5]].get("aliases") == tid:
+                continue  # written in place: the new contents of the old tensor's bytes
             if other[3] < end and start < other[4]:
                 raise TableError(f"arena overlap: {tid} [{lo}, {hi}) and {other[5]} "
                                  f"[{other[1]}, {other[2]}) share bytes of buffer "

@@ -9,6 +9,9 @@ Inputs: the rProgram's operators (dataflow-graph nodes) and their selected rKern
   that LiftWeightTransforms moves into ``transform_params``): the same layout, the same kernel;
 * tensors produced inside and read outside are kernel outputs of their own; tensors produced and
   consumed only inside live in one uint8 work arena (a kernel output nobody reads);
+* an output written in place (a ``call_tir_inplace`` node, ``Node.inplace``) lives in the slot of
+  the input it is written into: no slot of its own; read outside, it is listed in ``aliased``
+  (the rProgram's call then aliases that output to the input argument);
 * operators with the same rKernel become one dispatch entry as long as, at every parameter, they
   bind the same tensor or tensors of one arena (at offsets the program table carries); otherwise
   they are split into several entries. An unrolled LSTM's hundreds of identical cells thus share
@@ -42,6 +45,7 @@ class TensorPlan:
     dispatch: dict  # op uid -> (entry index, arena offsets)
     where: dict = None  # TensorRef -> (slot, byte offset in its arena, or None for a slot of its own)
     packed: tuple = None  # weights apart: (blob bytes, [(TensorRef, byte offset)]), blob None
+    aliased: tuple = ()  # (TensorRef read outside, input slot it was written into), in place
 
 
 def _itemsize(dtype: str) -> int:
@@ -99,12 +103,21 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
         outs = graph.nodes[i].outputs
         if len(outs) > 1 and any(t in visible for t in outs):
             visible.update(outs)
-    produced = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].outputs))
+    written_into = {}  # an output written in place -> the input tensor whose bytes it takes
+    for i in node_ids:
+        node = graph.nodes[i]
+        for out, k in zip(node.outputs, node.inplace):
+            written_into[out] = node.inputs[k]
+    produced = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].outputs
+                                  if t not in written_into))
     inputs = list(dict.fromkeys(t for i in node_ids for t in graph.nodes[i].inputs
                                 if t.producer not in members))
     weights = set(weight_params(graph.func))  # weights apart: packed as constants are
     constants = [t for t in inputs if t.is_constant or (t.producer is None and t.expr in weights)]
     direct_inputs = [t for t in inputs if t not in constants]
+    if any(t not in direct_inputs for t in written_into.values()):
+        raise ValueError("an operator writes in place into a constant or a tensor produced in its "
+                         "rProgram; only a tensor passed in can be written in place")
     outputs = [t for t in produced if t in visible]
     internal = [t for t in produced if t not in visible]
     const_at, blob_bytes = _layout(constants)
@@ -129,6 +142,7 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
 
     def place(t):
         """(slot, byte offset or None) of a tensor."""
+        t = written_into.get(t, t)
         if t in const_at:
             return blob_slot, const_at[t]
         if t in work_at:
@@ -178,8 +192,9 @@ def plan_tensors(graph, node_ids: list, kernel_of: dict, blocks_of: dict | None 
             raw = _constant_bytes(t)
             blob[const_at[t]: const_at[t] + raw.size] = raw
     where = {t: place(t) for ts in binds.values() for t in ts}
+    aliased = tuple((t, direct_slot[source]) for t, source in written_into.items() if t in visible)
     return TensorPlan(slots, num_inputs, [t.expr for t in direct_inputs], blob, outputs,
-                      arena_bytes, entries, dispatch, where, packed)
+                      arena_bytes, entries, dispatch, where, packed, aliased)
 
 
 def pack_func(parts: list, nbytes: int, threads: int | None = 256):

@@ -132,7 +132,8 @@ class BuiltRProgram:
             func = func.with_attr(MANIFEST_ATTR, json.dumps(self.manifest))
         return RProgramCall(name=self.spec.name, func=func, nodes=tuple(self.nodes),
                             args=tuple(args), outputs=tuple(self.tensors.outputs),
-                            extra_outputs=tuple(extra), level=self.first_wave, packs=packs)
+                            extra_outputs=tuple(extra), level=self.first_wave, packs=packs,
+                            aliased=tuple(self.tensors.aliased))
 
     def instrumented(self) -> "BuiltRProgram":
         """The same rProgram with the timeline-instrumented persistent kernel (a separate build:
@@ -313,7 +314,8 @@ def _candidates(graph, mod, target, config, profiler, skipped, vdevice=None):
                                                records)
     found, pending = {}, {}
     for name, node in operators.items():
-        others = config.versions and name not in small and not out_of_budget(name, config.versions)
+        others = config.versions and name not in small and not node.inplace \
+            and not out_of_budget(name, config.versions)  # in place: no output to check versions by
         reused = records.made(name, mod[node.gvar], stash[name], dlight_only=name in small) \
             if (records is not None and (others or name in small) and name in stash) else None
         if reused is not None:

@@ -118,7 +118,7 @@ def graph_passes(config: RammerConfig, split_k: list | tuple = ()) -> list:
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
         *split_k,                                      # after the fold: W constants of their final dtype
-        CacheSlotWrite(),                              # KV-cache scatter: 1 injective kernel, not TVM's 2
+        CacheSlotWrite(config.inplace_cache),          # KV-cache scatter: 1 kernel (in place: the slot only)
         MemoLegalizeOps(),                             # every op -> call_tir (each signature built once)
         ExactPowers(),                                 # pow(x, 2) -> x * x: fast math's powf is NaN for x < 0
         relax.transform.AnnotateTIROpPattern(),        # fusion reads op_pattern
