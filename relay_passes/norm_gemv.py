@@ -198,8 +198,8 @@ def _norm(graph, node, weights):
     if not calls or len(node.outputs) != 1:
         return None
     shape = node.outputs[0].shape
-    if not _static(shape) or any(d != 1 for d in shape[:-1]):
-        return None
+    if not _static(shape) or not shape or any(d != 1 for d in shape[:-1]):
+        return None  # a scalar has no row (the ONNX node suite's Clip, NLLLoss)
     k = shape[-1]
     activations = [t for t in node.inputs if not _is_weight(t, weights)]
     if len(activations) != 1 or activations[0].shape != shape:
