@@ -180,6 +180,31 @@ def test_reduced_gpt2_graph_passes_match_onnxruntime_on_llvm(precision, tol):
         assert max(_errors([g.numpy() for g in got], model, feeds)) <= tol, p
 
 
+def test_weights_apart_the_blocks_are_a_lifted_reshape_and_match_onnxruntime():
+    """Weights kept apart (``main``'s weights are parameters): W' is a reshape of the parameter,
+    which LiftWeightTransforms moves into ``transform_params``; the outputs still match."""
+    pytest.importorskip("onnxruntime")
+    from relay_passes.lift_weights import TRANSFORM_NAME
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
+    from tvm_rammer.lease import manifest as mf
+
+    model = get_model("gpt2_decode", **GPT2)
+    passes = graph_passes(RammerConfig(weights="apart"), [SplitKGEMV(VEUS, min_rows=16)])
+    mod = tvm.transform.Sequential(passes)(import_onnx(model, weights="apart"))
+    # QKV's W [64, 192]: 12 rTasks, S = 2 blocks of 32 rows, made in transform_params
+    assert "R.Tensor((2, 32, 192)" in mod[TRANSFORM_NAME].script()
+    assert any("split_k_partial" in str(gv.name_hint) for gv in mod.get_global_vars())
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            mod[gv] = serial_threads(func)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    weights = vm[TRANSFORM_NAME](*[tvm.runtime.tensor(a) for _, a in mf.raw_weights(model)])
+    feeds = _feeds(model, 6)
+    got = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input], *weights)
+    assert max(_errors([g.numpy() for g in got], model, feeds)) <= 1e-4
+
+
 def test_the_pipeline_fills_the_vdevices_veus():
     from tvm_rammer.driver.pipeline import graph_passes, rammer_passes, split_k_passes
 
