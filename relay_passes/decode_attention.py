@@ -7,29 +7,49 @@ imports (``tvm_rammer.models.transformers._attend`` / ``_decode_mask``), every p
 
     kt     = permute_dims(K, axes=[0, 1, 3, 2])          K [B, H, L, D], or the GQA repeat below
     scores = matmul(q, kt)                               q [B, H, 1, D]: one query token
-    scaled = divide(scores, c) | multiply(scores, c)     c a float32 constant of one element
-             (either operand order for multiply; or no scale)
+    scaled = divide(scores, c) | multiply(scores, c)     c a float constant of one element, or a
+             (either operand order for multiply;     cast of one (ToMixedPrecision's
+             or no scale)                            ``astype(const(4.0, "float32"), "float16")``)
     mask   = where(greater(R, pos), m, z)                R the int constant 0, 1, ..., L-1 (shape
                                                          [L]); pos an int64 tensor of one element;
-                                                         m = finfo(float32).min, z = 0 (constants)
+                                                         m = finfo(dtype).min of m's own dtype,
+                                                         z = 0 (constants)
     probs  = softmax(add(scaled, mask), axis=-1)         (either operand order for add)
     out    = matmul(probs, V)                            V [B, H, L, D] or the GQA repeat
 
     GQA repeat: reshape(broadcast_to(expand_dims(Kc, axis=2), [B, Hkv, n, L, D]), [B, Hkv n, L, D])
     of a cache Kc [B, Hkv, L, D] (HF's repeat_kv): the kernels read Kc with head h -> h // n.
 
-Everything float32; ``mask`` may be the same tensor for every layer. Output: ``out`` replaced by
-``call_tir(combine, [call_tir(partial, [q, Kc, Vc, pos]), pos])``; the bindings only the
-attention read are dropped. What the rewrite relies on, and the pattern proves: the mask is 0 at
-slots ``<= pos`` and ``finfo.min`` after, added to every score row, so softmax gives the slots
-past ``pos`` weight 0 (``exp(finfo.min - max)`` is 0 in float32 for any finite score), and for
-``pos < 0`` every slot's score is ``finfo.min`` (a uniform softmax, which the kernels compute with
-scores 0). Results change by float rounding only (the softmax's sum is taken in another order).
+Dtypes: float32 or float16 (q, the caches, the mask, the result: each its own). Between any two
+steps above, and on K, V and the repeat's steps, casts from one float dtype to another
+(``astype``) are passed through: a float16 export's Llama (``astype(softmax(astype(x,
+"float32")), "float16")``, HF's upcast softmax) and a float32 export under ``precision="float16"``
+(ToMixedPrecision: ``astype(matmul(q16, astype(K32ᵀ, "float16"), out_dtype="float32"),
+"float16")``, the score cast up again before the float32 mask, the probabilities and V cast
+down). The kernels read q as the graph gives it to the scores matmul, the caches before any cast
+(float32 caches under ToMixedPrecision: no float16 copy of the whole cache is made any more), and
+compute in float32; ``out`` keeps the matmul's dtype (its ``out_dtype``). ``mask`` may be the same
+tensor for every layer. Output: ``out`` replaced by ``call_tir(combine, [call_tir(partial, [q, Kc,
+Vc, pos]), pos])``; the bindings only the attention read are dropped.
 
-Declined (the graph left as it is): any other mask (another constant than finfo.min, a range that
-is not 0..L-1, ``greater_equal``, a mask not broadcast along the last axis only), no mask, a
-position that is not one int64 element, a weight parameter where a constant is required (its
-value cannot be checked), several query tokens, other dtypes, symbolic shapes.
+What the rewrite relies on, and the pattern proves: the mask is 0 at slots ``<= pos`` and
+``finfo.min`` after, added to every score row, so softmax gives the slots past ``pos`` weight 0:
+``exp(s + finfo.min - max)`` is 0 in float32 for any finite score in float32, and for scores of
+magnitude below ~32000 in float16 (``s - 65504`` is then below every unmasked score by more than
+float32's ``exp`` underflow; past 65504 it is ``-inf``). For ``pos < 0`` every slot's score is
+``finfo.min``, a uniform softmax in float32, which the kernels compute with scores 0 (in float16,
+``s - 65504`` keeps some of the scores' differences: a negative position, which no decode step
+has, is matched in float32 only). Results change by float rounding only: the softmax's sum is
+taken in another order, and the casts' roundings of the scores and probabilities to float16 are
+not made (the kernels keep float32 from the cache to the result).
+
+Declined (the graph left as it is): any other mask (another constant than its dtype's finfo.min,
+a range that is not 0..L-1, ``greater_equal``, a mask not broadcast along the last axis only), no
+mask, a position that is not one int64 element, a weight parameter where a constant is required
+(its value cannot be checked), several query tokens, dtypes other than float32 / float16 (or K
+and V of two dtypes), symbolic shapes. A cast to or from an integer is not passed through (the
+pattern must then hold without it). With the weights apart (``RammerConfig(weights="apart")``)
+the scale and the mask's two constants are initializers, so weight parameters: declined.
 
 ``chunk``: slots per chunk (None: ``tir_templates.decode_attention.chunk_for(L)``).
 """
@@ -49,9 +69,10 @@ __all__ = ["DecodeAttentionSplit"]
 
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
     "matmul", "permute_dims", "divide", "multiply", "add", "where", "greater", "nn.softmax",
-    "reshape", "broadcast_to", "expand_dims")}
+    "reshape", "broadcast_to", "expand_dims", "astype")}
 CONSTANT = tvm.ir.expr.Constant
-F32_MIN = np.float32(np.finfo(np.float32).min)
+FLOATS = ("float32", "float16")
+MASK_MIN = {dtype: np.finfo(dtype).min for dtype in FLOATS}
 
 
 def _is_op(expr, name):
@@ -74,8 +95,8 @@ def _ints(values):
 
 
 def _scalar(expr):
-    """The value of a float32 constant of one element, or None."""
-    if not isinstance(expr, CONSTANT) or _dtype(expr) != "float32":
+    """The value of a float constant of one element (float32 or float16), or None."""
+    if not isinstance(expr, CONSTANT) or _dtype(expr) not in FLOATS:
         return None
     data = expr.value.numpy()
     return data.reshape(-1)[0] if data.size == 1 else None
@@ -91,11 +112,35 @@ class _Rewriter(relax.PyExprMutator):
         self.rewrites = 0
 
     def _bound(self, expr, name):
-        """The call ``expr`` (a var) is bound to, when it is a call of op ``name``; else None."""
+        """The call ``expr`` (a var) is bound to, when it is a call of op ``name``, looking through
+        float-to-float casts; else None."""
+        expr = self._uncast(expr)
         if not isinstance(expr, relax.Var):
             return None
         value = self.lookup_binding(expr)
         return value if _is_op(value, name) else None
+
+    def _uncast(self, expr):
+        """``expr`` with the float-to-float casts (``astype``) it is bound to passed through: the
+        first value that is not such a cast."""
+        while isinstance(expr, relax.Var) and _dtype(expr) in FLOATS:
+            value = self.lookup_binding(expr)
+            if not _is_op(value, "astype") or _dtype(value.args[0]) not in FLOATS:
+                return expr
+            expr = value.args[0]
+        return expr
+
+    def _constant(self, expr):
+        """The value of a one-element float constant, or of a float cast of one (rounded to the
+        cast's dtype, as the graph computes it); else None."""
+        value = _scalar(expr)
+        if value is not None or not isinstance(expr, relax.Var):
+            return value
+        cast = self.lookup_binding(expr)
+        if not _is_op(cast, "astype") or _dtype(cast) not in FLOATS:
+            return None
+        value = _scalar(cast.args[0])
+        return None if value is None else np.asarray(value).astype(_dtype(cast)).item()
 
     def _cache(self, x, want):
         """(cache, kv heads) of a [B, H, L, D] operand: itself, or the cache its GQA repeat
@@ -104,12 +149,12 @@ class _Rewriter(relax.PyExprMutator):
             return None
         reshape = self._bound(x, "reshape")
         if reshape is None:
-            return x, want[1]
+            return self._uncast(x), want[1]
         bcast = self._bound(reshape.args[0], "broadcast_to")
         expand = None if bcast is None else self._bound(bcast.args[0], "expand_dims")
         if expand is None or _ints(expand.attrs.axis) != [2]:
             return None
-        cache = expand.args[0]
+        cache = self._uncast(expand.args[0])
         b, h, length, d = want
         c_shape = _shape(cache)
         if c_shape is None or len(c_shape) != 4 or c_shape[0] != b or c_shape[2:] != [length, d]:
@@ -125,9 +170,11 @@ class _Rewriter(relax.PyExprMutator):
         where = self._bound(mask, "where")
         m_shape = _shape(mask)
         if where is None or m_shape is None or not m_shape or m_shape[-1] != length \
-                or any(d != 1 for d in m_shape[:-1]) or _dtype(mask) != "float32":
+                or any(d != 1 for d in m_shape[:-1]) or _dtype(mask) not in FLOATS:
             return None
-        if _scalar(where.args[1]) != F32_MIN or _scalar(where.args[2]) != 0:
+        low = where.args[1]
+        if _scalar(low) is None or _scalar(low) != MASK_MIN[_dtype(low)] \
+                or _scalar(where.args[2]) != 0:
             return None
         greater = self._bound(where.args[0], "greater")
         if greater is None:
@@ -150,10 +197,10 @@ class _Rewriter(relax.PyExprMutator):
             if call is None:
                 continue
             a, b = call.args
-            if _scalar(b) is not None:
-                return a, float(_scalar(b)), divide
-            if not divide and _scalar(a) is not None:
-                return b, float(_scalar(a)), divide
+            if self._constant(b) is not None:
+                return a, float(self._constant(b)), divide
+            if not divide and self._constant(a) is not None:
+                return b, float(self._constant(a)), divide
             return None
         return scaled, 1.0, False
 
@@ -171,7 +218,8 @@ class _Rewriter(relax.PyExprMutator):
         part = self.builder_.emit(relax.call_tir(
             partial, [q, k_cache, v_cache, pos], relax.TensorType((b, h, nc, d + 2), "float32")))
         self.rewrites += 1
-        return relax.call_tir(combine, [part, pos], relax.TensorType((b, h, 1, d), "float32"))
+        return relax.call_tir(combine, [part, pos],
+                              relax.TensorType((b, h, 1, d), shape.out_dtype))
 
     def _match(self, out):
         probs, v = out.args
@@ -195,7 +243,7 @@ class _Rewriter(relax.PyExprMutator):
             return None
         scores, scale, divide = scores_scale
         mm = self._bound(scores, "matmul")
-        if mm is None or mm.attrs.out_dtype not in (None, "", "void", "float32"):
+        if mm is None or mm.attrs.out_dtype not in (None, "", "void", *FLOATS):
             return None
         q, kt = mm.args
         perm = self._bound(kt, "permute_dims")
@@ -211,11 +259,12 @@ class _Rewriter(relax.PyExprMutator):
         vv = self._cache(v, want)
         if k is None or vv is None or k[1] != vv[1] or _shape(out) != [bsz, heads, 1, dim]:
             return None
-        if any(_dtype(x) != "float32" for x in (q, k[0], vv[0], scores, out)):
+        if any(_dtype(x) not in FLOATS for x in (q, k[0], vv[0], scores, out)) \
+                or _dtype(k[0]) != _dtype(vv[0]):
             return None
         shape = DecodeAttentionShape(bsz, heads, k[1], length, dim,
                                      self.chunk or chunk_for(length), scale, divide,
-                                     len(_shape(pos)))
+                                     len(_shape(pos)), _dtype(q), _dtype(k[0]), _dtype(out))
         return q, k[0], vv[0], pos, shape
 
 

@@ -5,8 +5,10 @@ One query token attends to a static cache of ``L`` slots of which only ``0..posi
 rOperators, the second reading what the first writes:
 
 1. :func:`partial_func` ``(q [B, H, 1, D], K [B, Hkv, L, D], V [B, Hkv, L, D], pos [P] int64)
-   -> part [B, H, NC, D + 2]`` float32, ``NC = ceil(L / chunk)``: for each (b, head, chunk) the
-   running max ``m`` of the chunk's scaled scores, ``l = sum exp(s - m)`` and
+   -> part [B, H, NC, D + 2]`` float32, ``NC = ceil(L / chunk)``, q of ``q_dtype``, K and V of
+   ``kv_dtype`` (float32 or float16: read as they are, every product and sum in float32): for
+   each (b, head, chunk) the running max ``m`` of the chunk's scaled scores, ``l = sum exp(s -
+   m)`` and
    ``acc[d] = sum exp(s - m) V[d]`` (``part[..., 0]``, ``[..., 1]``, ``[..., 2:]``). Head ``h``
    reads kv head ``h // (H / Hkv)`` (grouped-query attention without a repeated copy). The slots
    attended are ``[0, lim)``, ``lim = min(pos, L - 1) + 1``; each chunk's loop runs over
@@ -14,7 +16,8 @@ rOperators, the second reading what the first writes:
    (it writes the empty state ``m = finfo.min, l = 0, acc = 0``). A negative position (every slot
    masked in the graph: all scores ``finfo.min``, a uniform softmax) attends to all ``L`` slots
    with the scores 0, which is what the masked graph computes.
-2. :func:`combine_func` ``(part, pos) -> out [B, H, 1, D]``: ``M = max m_c``,
+2. :func:`combine_func` ``(part, pos) -> out [B, H, 1, D]`` of ``out_dtype`` (computed in
+   float32, rounded once at the store): ``M = max m_c``,
    ``out[d] = sum_c acc_c[d] exp(m_c - M) / sum_c l_c exp(m_c - M)`` over the chunks that hold
    attended slots.
 
@@ -50,6 +53,7 @@ __all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "co
            "partial_versions", "combine_versions", "schedule_of", "DecodeAttentionRule",
            "reference"]
 
+FLOATS = ("float32", "float16")  # what q, K, V and out may be
 KIND_ATTR = "rammer.decode_attention"  # "partial" / "combine": the functions made here
 _PARAMS_ATTR = "rammer.decode_attention_params"  # the shape, to rebuild a version
 F32_MIN = float(np.finfo(np.float32).min)
@@ -60,7 +64,8 @@ OPAQUE = 8  # op_pattern kOpaque: no fusion pass joins another operator to these
 class DecodeAttentionShape:
     """What both phases are made from: batch, query heads, kv heads, cache slots, head dim, slots
     per chunk, the scale and whether the scores are divided by it (else multiplied), the
-    position's length (1: ``[1]``; 0: a scalar)."""
+    position's length (1: ``[1]``; 0: a scalar), the dtypes of q, of K and V, and of the result
+    (each float32 or float16; the arithmetic is float32 whatever they are)."""
 
     batch: int
     heads: int
@@ -71,10 +76,14 @@ class DecodeAttentionShape:
     scale: float
     divide: bool
     pos_len: int = 1
+    q_dtype: str = "float32"
+    kv_dtype: str = "float32"
+    out_dtype: str = "float32"
 
     def __post_init__(self):
         if min(self.batch, self.heads, self.kv_heads, self.max_len, self.head_dim,
-               self.chunk) < 1 or self.heads % self.kv_heads or self.pos_len not in (0, 1):
+               self.chunk) < 1 or self.heads % self.kv_heads or self.pos_len not in (0, 1) \
+                or {self.q_dtype, self.kv_dtype, self.out_dtype} - set(FLOATS):
             raise ValueError(f"decode attention: invalid shape {self}")
 
     @property
@@ -84,13 +93,14 @@ class DecodeAttentionShape:
     def encode(self) -> str:
         return ",".join(str(v) for v in (self.batch, self.heads, self.kv_heads, self.max_len,
                                           self.head_dim, self.chunk, repr(self.scale),
-                                          int(self.divide), self.pos_len))
+                                          int(self.divide), self.pos_len, self.q_dtype,
+                                          self.kv_dtype, self.out_dtype))
 
     @classmethod
     def decode(cls, text: str) -> "DecodeAttentionShape":
-        b, h, kv, L, d, c, s, div, p = str(text).split(",")
+        b, h, kv, L, d, c, s, div, p, *dtypes = str(text).split(",")
         return cls(int(b), int(h), int(kv), int(L), int(d), int(c), float(s), bool(int(div)),
-                   int(p))
+                   int(p), *dtypes)
 
 
 def chunk_for(max_len: int) -> int:
@@ -115,6 +125,11 @@ def _limit(pos_value, max_len):
     return T.Cast("int32", lim), use
 
 
+def _f32(value, dtype):
+    """``value`` (a load of ``dtype``) as float32."""
+    return value if dtype == "float32" else T.Cast("float32", value)
+
+
 def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
                  bound_shift: int = 0) -> tirx.PrimFunc:
     """Phase 1 (module docstring): one rTask per (b, head, ``group`` chunks), ``threads`` threads.
@@ -128,13 +143,14 @@ def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
     per_thread = -(-C // TH)
     scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
     shift = int(bound_shift)
+    QT, KT = shape.q_dtype, shape.kv_dtype
 
     def pos_load(pos):
         return pos[0] if P else pos[()]
 
     @T.prim_func(s_tir=True)
-    def partial(q: T.Buffer((B, H, 1, D), "float32"), k: T.Buffer((B, KV, L, D), "float32"),
-                v: T.Buffer((B, KV, L, D), "float32"), pos: T.Buffer(P, "int64"),
+    def partial(q: T.Buffer((B, H, 1, D), QT), k: T.Buffer((B, KV, L, D), KT),
+                v: T.Buffer((B, KV, L, D), KT), pos: T.Buffer(P, "int64"),
                 part: T.Buffer((B, H, NC, D + 2), "float32")):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(tasks, thread="blockIdx.x"):
@@ -164,7 +180,8 @@ def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
                             if slot < end:
                                 sc[0] = T.float32(0)
                                 for d in range(D):
-                                    sc[0] = sc[0] + q[b, h, 0, d] * k[b, h // G, slot, d]
+                                    sc[0] = sc[0] + _f32(q[b, h, 0, d], QT) * _f32(
+                                        k[b, h // G, slot, d], KT)
                                 if divide:
                                     sc[0] = sc[0] / T.float32(scale) * use
                                 else:
@@ -174,7 +191,8 @@ def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
                                 pe = T.exp(sc[0] - mn)
                                 ls[0] = ls[0] * corr + pe
                                 for d in range(D):
-                                    acc[d] = acc[d] * corr + pe * v[b, h // G, slot, d]
+                                    acc[d] = acc[d] * corr + pe * _f32(v[b, h // G, slot, d],
+                                                                       KT)
                                 m[0] = mn
                         state[tx, 0] = m[0]
                         state[tx, 1] = ls[0]
@@ -209,13 +227,17 @@ def combine_func(shape: DecodeAttentionShape, threads: int = 32) -> tirx.PrimFun
     B, H, L, D, C = shape.batch, shape.heads, shape.max_len, shape.head_dim, shape.chunk
     NC, TH, P = shape.chunks, threads, _pos_shape(shape)
     per_thread = -(-D // TH)
+    OT = shape.out_dtype
 
     def pos_load(pos):
         return pos[0] if P else pos[()]
 
+    def store(value):
+        return value if OT == "float32" else T.Cast(OT, value)
+
     @T.prim_func(s_tir=True)
     def combine(part: T.Buffer((B, H, NC, D + 2), "float32"), pos: T.Buffer(P, "int64"),
-                out: T.Buffer((B, H, 1, D), "float32")):
+                out: T.Buffer((B, H, 1, D), OT)):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(B * H, thread="blockIdx.x"):
             for tx in T.thread_binding(TH, thread="threadIdx.x"):
@@ -244,7 +266,7 @@ def combine_func(shape: DecodeAttentionShape, threads: int = 32) -> tirx.PrimFun
                                 if c < used:
                                     num[0] = num[0] + part[b, h, c, 2 + tx + i * TH] * T.exp(
                                         part[b, h, c, 0] - mx[0])
-                            out[b, h, 0, tx + i * TH] = num[0] / den[0]
+                            out[b, h, 0, tx + i * TH] = store(num[0] / den[0])
     return combine.without_attr("global_symbol").with_attrs({  # named by the module it joins
         "op_pattern": OPAQUE, KIND_ATTR: "combine", _PARAMS_ATTR: shape.encode()})
 
