@@ -158,14 +158,17 @@ def _errors(outputs, model, feeds):
             for g, r in zip(outputs, onnx_reference(model, feeds))]
 
 
-@pytest.mark.parametrize("precision, tol", [("float32", 1e-4), ("float16", 2e-2)])
-def test_reduced_gpt2_graph_passes_match_onnxruntime_on_llvm(precision, tol):
-    """The rammer graph passes with 16 vEUs (every GEMV but fc1 split) built for llvm."""
+@pytest.mark.parametrize("name, precision, tol", [("gpt2_decode", "float32", 1e-4),
+                                                   ("gpt2_decode", "float16", 2e-2),
+                                                   ("llama_decode", "float32", 1e-4)])
+def test_reduced_decoder_graph_passes_match_onnxruntime_on_llvm(name, precision, tol):
+    """The rammer graph passes with 16 vEUs (gpt2: every GEMV but fc1 split; llama: q, k and v
+    side by side, one wave) built for llvm."""
     pytest.importorskip("onnxruntime")
     from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.driver.pipeline import graph_passes
 
-    model = get_model("gpt2_decode", **GPT2)
+    model = get_model(name, **REDUCED[name])
     mod = import_onnx(model)
     passes = graph_passes(RammerConfig(precision=precision), [SplitKGEMV(VEUS, min_rows=16)])
     mod = tvm.transform.Sequential(passes)(mod)
@@ -174,7 +177,7 @@ def test_reduced_gpt2_graph_passes_match_onnxruntime_on_llvm(precision, tol):
         if isinstance(func, tirx.PrimFunc):  # the decode attention's kernels: threads serial
             mod[gv] = serial_threads(func)
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    for p in (0, GPT2["max_len"] - 1):
+    for p in (0, REDUCED[name]["max_len"] - 1):
         feeds = _feeds(model, p)
         got = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input])
         assert max(_errors([g.numpy() for g in got], model, feeds)) <= tol, p
