@@ -8,10 +8,11 @@ itself and normalises the row into shared memory before its share of the GEMV
 (``tir_templates.norm_gemv``). The norm's step and its barrier leave the critical path.
 
 Which norms. A *norm node* is a call_tir, or a call of a Primitive function of call_tirs (a fused
-group: ``layer_norm`` and the ``astype`` ToMixedPrecision leaves after it), with one output
+group: ``layer_norm`` and the ``astype`` ToMixedPrecision leaves after it; an RMSNorm as exporters
+write it, ``x * (1 / sqrt(mean(x^2) + eps)) * weight``, which the fusion makes one group), with one output
 ``[1, ..., 1, K]`` and one input ``x`` of that shape that is not a weight (the others are
 weights: gain and shift); exactly one of its PrimFuncs reduces, and only over the last axis
-(``layer_norm``'s sums), the others are at most injective. A *GEMV node* is a call_tir of a
+(``layer_norm``'s sums, RMSNorm's ``mean``), the others are at most injective. A *GEMV node* is a call_tir of a
 matmul ``[1, ..., 1, K] x [K, N]`` with a weight ``W`` (one reduction block, the weight's columns
 contiguous), or a group of one followed by call_tirs of at most broadcast pattern (bias add,
 casts; what FuseOps puts after a matmul). A norm node is fused when its output is not an output

@@ -2,12 +2,13 @@
 ``relay_passes.norm_gemv.NormGEMVFusion`` and ``tir_templates.norm_gemv.NormGEMV``.
 
 The pass: Before/Expected on ``layer_norm -> matmul + bias`` after the grouping (one fused
-function per GEMV holding the norm's call then the GEMV's, the matmul's block annotated); a norm
-whose output is also read by something else (a residual, BERT's post-LN) or returned is left as
-it is. The rule: its one-kernel schedule run on llvm (thread loops serial) against NumPy's
-LayerNorm then matmul, float32 and float16, with a negative control (the epsilon changed) that
-the same check detects. The pipeline: reduced gpt2_decode has five operators fewer (its norms)
-and, on the CPU emulator, one launch matching onnxruntime.
+function per GEMV holding the norm's call then the GEMV's, the matmul's block annotated), an
+exported RMSNorm fused as well; a norm whose output is also read by something else (a residual,
+BERT's post-LN) or returned is left as it is. The rule: its one-kernel schedule run on llvm
+(thread loops serial) against NumPy's LayerNorm / RMSNorm then matmul, float32 and float16, with
+a negative control (the epsilon changed) that the same check detects. The pipeline: reduced
+gpt2_decode and llama_decode have no norm operator left (llama: q, k, v, gate and up each
+recompute theirs) and gpt2_decode, on the CPU emulator, is one launch matching onnxruntime.
 """
 import shutil
 
@@ -36,17 +37,27 @@ def _consts(dtype, seed=0):
             (rng.standard_normal((K, N)) / 8).astype(dtype), rng.standard_normal(N).astype(dtype))
 
 
-def _high_level(residual=False, returned=False, dtype="float32"):
+def _rms_norm(bb, x, g):
+    """HF's LlamaRMSNorm as exported: ``x * (1 / sqrt(mean(x^2) + eps)) * weight``."""
+    op = relax.op
+    var = bb.emit(op.mean(bb.emit(op.power(x, relax.const(2.0))), axis=[-1], keepdims=True))
+    inv = bb.emit(op.divide(relax.const(1.0), bb.emit(op.sqrt(bb.emit(
+        op.add(var, relax.const(EPS)))))))
+    return bb.emit(op.multiply(relax.const(g), bb.emit(op.multiply(x, inv))))
+
+
+def _high_level(residual=False, returned=False, dtype="float32", norm="layer"):
     """``main(x) = layer_norm(x) [-> astype] @ W + b`` (``residual``: plus the norm's output
-    added to the result; ``returned``: the norm's output returned too)."""
+    added to the result; ``returned``: the norm's output returned too; ``norm="rms"``: an
+    RMSNorm as exported instead)."""
     g, beta, w, bias = _consts(dtype)
     bb = relax.BlockBuilder()
     x = relax.Var("x", _tensor((1, 1, K)))
     op = relax.op
     with bb.function("main", [x]):
         with bb.dataflow():
-            ln = bb.emit(op.nn.layer_norm(x, relax.const(g), relax.const(beta), axes=[-1],
-                                          epsilon=EPS))
+            ln = _rms_norm(bb, x, g) if norm == "rms" else bb.emit(op.nn.layer_norm(
+                x, relax.const(g), relax.const(beta), axes=[-1], epsilon=EPS))
             row = ln if dtype == "float32" else bb.emit(op.astype(ln, dtype))
             y = bb.emit(op.add(op.matmul(row, relax.const(w), out_dtype="float32")
                                if dtype == "float32" else
@@ -145,26 +156,31 @@ def test_the_pass_and_the_rule_are_in_the_rammer_pipeline_and_the_flag_turns_the
 
 # The rule.
 
-def _fused_prim_func(dtype):
-    mod = relax.transform.FuseTIR()(NormGEMVFusion()(_grouped(_high_level(dtype=dtype))))
+def _fused_prim_func(dtype, norm="layer"):
+    mod = relax.transform.FuseTIR()(NormGEMVFusion()(_grouped(_high_level(dtype=dtype,
+                                                                          norm=norm))))
     (func,) = [f for gv, f in mod.functions_items()
                if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused_norm")]
     return func
 
 
-def _numpy(x, dtype, eps=EPS):
+def _numpy(x, dtype, eps=EPS, norm="layer"):
     g, beta, w, bias = _consts(dtype)
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    row = ((x - mean) / np.sqrt(var + eps) * g + beta).astype(dtype)
+    if norm == "rms":
+        row = (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g).astype(dtype)
+    else:
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        row = ((x - mean) / np.sqrt(var + eps) * g + beta).astype(dtype)
     return row.astype("float32") @ w.astype("float32") + bias.astype("float32")
 
 
-def _run_llvm(func, x, dtype):
+def _run_llvm(func, x, dtype, norm="layer"):
     g, beta, w, bias = _consts(dtype)
     mod = tvm.IRModule({"main": serial_threads(func).with_attr("global_symbol", "main")})
     run = tvm.compile(mod, target="llvm")["main"]
-    args = [tvm.runtime.tensor(a) for a in (x, g, beta, w, bias, np.zeros((1, 1, N), dtype))]
+    inputs = (x, g, w, bias) if norm == "rms" else (x, g, beta, w, bias)
+    args = [tvm.runtime.tensor(a) for a in (*inputs, np.zeros((1, 1, N), dtype))]
     run(*args)
     return args[-1].numpy().astype("float32")
 
@@ -179,17 +195,28 @@ def _with_epsilon(func, eps):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.FloatImm, swap)]))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_the_one_kernel_schedule_matches_numpy_on_llvm(dtype):
-    func = _fused_prim_func(dtype)
+@pytest.mark.parametrize("dtype, norm", [("float32", "layer"), ("float16", "layer"),
+                                         ("float32", "rms")])
+def test_the_one_kernel_schedule_matches_numpy_on_llvm(dtype, norm):
+    func = _fused_prim_func(dtype, norm)
     scheduled = NormGEMV().apply(func, tvm.target.Target("cuda"))
     assert scheduled is not None
     text = scheduled.mod["main"].script()
     assert text.count('thread="blockIdx.x"') == 1 and NORM_GEMV_ANNOTATION not in text
     x = (np.random.default_rng(3).standard_normal((1, 1, K)) * 2 + 0.5).astype("float32")
-    got = _run_llvm(scheduled.mod["main"], x, dtype)
+    got = _run_llvm(scheduled.mod["main"], x, dtype, norm)
     tol = 1e-5 if dtype == "float32" else 2e-3
-    np.testing.assert_allclose(got, _numpy(x, dtype), rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, _numpy(x, dtype, norm=norm), rtol=tol, atol=tol)
+
+
+def test_an_exported_rms_norm_is_fused_too():
+    """RMSNorm as exporters write it (pow, mean, add eps, sqrt, 1 / ., two multiplies) is one
+    group after the fusion; the pass makes it the GEMV's prologue as well."""
+    before = _grouped(_high_level(norm="rms"))
+    after = NormGEMVFusion()(before)
+    assert len(_calls(before["main"])) == 2 and len(_calls(after["main"])) == 1
+    (name,) = _calls(after["main"])
+    assert name.startswith("fused_norm") and "mean" in _calls(after[name])
 
 
 def test_a_wrong_epsilon_is_detected_on_llvm():
@@ -233,6 +260,17 @@ def test_reduced_gpt2_has_no_norm_operator_left():
     assert without.count("layer_norm") == norms and "layer_norm" not in with_fusion
     assert len(with_fusion) == len(without) - norms
     assert sum(n.startswith("fused_norm") for n in with_fusion) == norms
+
+
+def test_reduced_llama_recomputes_each_rms_norm_in_every_gemv_reading_it():
+    """Llama's RMSNorms: before attention q, k and v read one, before the MLP gate and up: each
+    GEMV recomputes it (5 fused GEMVs a layer, and the LM head), and no norm is left."""
+    model = get_model("llama_decode", **REDUCED["llama_decode"])
+    with_fusion, without = _main_calls(model, True), _main_calls(model, False)
+    layers = REDUCED["llama_decode"]["layers"]
+    norms = 2 * layers + 1
+    assert sum(n.startswith("fused_norm") for n in with_fusion) == 5 * layers + 1
+    assert len(with_fusion) == len(without) - norms
 
 
 def test_reduced_gpt2_on_the_emulator_matches_onnxruntime():
