@@ -26,7 +26,8 @@ one rTask per (b, head, ``group`` consecutive chunks), ``threads`` threads, each
 chunk's slots ``tx, tx + threads, ...`` with its own running (m, l, acc) in registers, then the
 threads' states merged through shared memory. Phase 2: one rTask per (b, head), threads over D.
 :func:`partial_versions` / :func:`combine_versions` list the variants (threads, chunks per rTask)
-the rKernel versions come from; each has the same parameters, so any of them can be chosen.
+the rKernel versions come from; each has the same parameters, so any of them can be chosen. The
+default (the first, and what the pass makes) has the most threads the chunk (the head dim) fills.
 
 The scores are ``(q . k) / scale`` or ``(q . k) * scale`` (``divide``), as the graph wrote them, so
 results differ from the operator-by-operator graph by rounding only.
@@ -130,13 +131,21 @@ def _f32(value, dtype):
     return value if dtype == "float32" else T.Cast("float32", value)
 
 
-def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
+def _widest(fill: int) -> int:
+    """The most threads of 32, 64 and 128 that ``fill`` work items (slots, columns) fill; 32 at
+    least (a whole warp)."""
+    return max(t for t in (32, 64, 128) if t == 32 or t <= fill)
+
+
+def partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
                  bound_shift: int = 0) -> tirx.PrimFunc:
-    """Phase 1 (module docstring): one rTask per (b, head, ``group`` chunks), ``threads`` threads.
+    """Phase 1 (module docstring): one rTask per (b, head, ``group`` chunks), ``threads`` threads
+    (None: the most a chunk fills, the default version: an rTask closer to its vEU's threads, and
+    the fewer rTasks per SM that the cost model shares the bandwidth among).
     ``bound_shift`` moves the slot bound (tests' negative control: 1 reads one slot too many)."""
     B, H, KV, L, D, C = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
                          shape.head_dim, shape.chunk)
-    NC, G, TH = shape.chunks, H // shape.kv_heads, threads
+    NC, G, TH = shape.chunks, H // shape.kv_heads, threads or _widest(shape.chunk)
     if NC % group:
         raise ValueError(f"decode attention: {NC} chunks are not a multiple of group={group}")
     tasks = B * H * (NC // group)
@@ -222,10 +231,11 @@ def partial_func(shape: DecodeAttentionShape, threads: int = 32, group: int = 1,
         "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
 
 
-def combine_func(shape: DecodeAttentionShape, threads: int = 32) -> tirx.PrimFunc:
-    """Phase 2 (module docstring): one rTask per (b, head), ``threads`` threads over D."""
+def combine_func(shape: DecodeAttentionShape, threads: int | None = None) -> tirx.PrimFunc:
+    """Phase 2 (module docstring): one rTask per (b, head), ``threads`` threads over D (None: the
+    most D fills, the default version)."""
     B, H, L, D, C = shape.batch, shape.heads, shape.max_len, shape.head_dim, shape.chunk
-    NC, TH, P = shape.chunks, threads, _pos_shape(shape)
+    NC, TH, P = shape.chunks, threads or _widest(shape.head_dim), _pos_shape(shape)
     per_thread = -(-D // TH)
     OT = shape.out_dtype
 
@@ -273,9 +283,10 @@ def combine_func(shape: DecodeAttentionShape, threads: int = 32) -> tirx.PrimFun
 
 def partial_versions(shape: DecodeAttentionShape) -> list:
     """(name, PrimFunc) of every phase-1 variant: 32, 64 or 128 threads (those a chunk fills,
-    32 at least: whole warps), one or two chunks per rTask (two when the chunks pair up)."""
+    32 at least: whole warps), one or two chunks per rTask (two when the chunks pair up); the
+    most threads first (the first is the default, what :func:`partial_func` makes)."""
     found = []
-    for threads in (32, 64, 128):
+    for threads in (128, 64, 32):
         if threads > 32 and threads > shape.chunk:
             continue
         for group in (1, 2):
@@ -286,8 +297,9 @@ def partial_versions(shape: DecodeAttentionShape) -> list:
 
 
 def combine_versions(shape: DecodeAttentionShape) -> list:
-    """(name, PrimFunc) of every phase-2 variant: 32 threads, and 64 / 128 where D fills them."""
-    return [(f"decode_combine_t{t}", combine_func(shape, t)) for t in (32, 64, 128)
+    """(name, PrimFunc) of every phase-2 variant: 32 threads, and 64 / 128 where D fills them;
+    the most threads first (the default, what :func:`combine_func` makes)."""
+    return [(f"decode_combine_t{t}", combine_func(shape, t)) for t in (128, 64, 32)
             if t == 32 or t <= shape.head_dim]
 
 
