@@ -29,18 +29,19 @@ estimated rTasks plus those of every matmul with a weight that is neither its an
 descendant in the dataflow, estimated ``ceil(M / c) * ceil(N / c)``, ``c = columns_per_rtask``)
 is below ``veus``. So an RNN's GEMVs, which its wavefront runs side by side (and whose recurrent
 halves GEMVEpilogueFusion wants plain), are left alone; a decoder's chain of GEMVs is split, and
-GEMVs of one input (Llama's Q, K, V) share their wave. S: the smallest divisor of K with
-``wave * S >= veus`` and ``K / S >= min_rows``; where no divisor reaches the vEUs, the largest
-with ``K / S >= min_rows``; nothing when that is below 2. And only where it pays: the weight's
-read time as the cost model charges it (``bytes / mem_bw`` spread over ``min(rTasks, veus)`` of
-the ``veus`` vEUs' bandwidth shares) falls by more than ``step_us``, the dependent step the sum
-adds (the pipeline: a barrier and a dependent rTask). A small model's GEMVs (the reduced test
-models') are left alone; GPT-2 small's all four per layer are split.
+GEMVs of one input (Llama's Q, K, V) share their wave. S: the divisor of K (``K / S >= min_rows``)
+with the least time as the cost model charges it (``scheduling.cost_model.rtask_time_us``: each
+rTask reads its share of the weight at its vEU's share of ``mem_bw``, plus ``rtask_us``, in
+``ceil(wave * S / veus)`` rounds), the smallest among equals; so one round of fewer rTasks than
+the vEUs beats two rounds of a few more (GPT-2 small's fc2: S 8, 384 rTasks, 2.7 us; S 12, 576
+rTasks, two rounds, 3.9 us). Only where it pays: that time falls by more than ``step_us``, the
+dependent step the sum adds (the pipeline: a barrier and a dependent rTask). A small model's
+GEMVs (the reduced test models') are left alone; GPT-2 small's four per layer are split.
 
 In: Relax with high-level ops, after ToMixedPrecision and FoldConstantOps (the weights constants
 of their final dtype), before LegalizeOps. ``veus``: the vEUs to fill (``driver.pipeline``: the
-vDevice's SMs x the vEUs per SM of an rTask of ``max_rtask_threads``), ``step_us`` and
-``mem_bw_gbps`` (the pipeline: the cost model's). Out: the same computation
+vDevice's SMs x the vEUs per SM of an rTask of ``max_rtask_threads``), ``step_us``, ``rtask_us``
+and ``mem_bw_gbps`` (the pipeline: the cost model's). Out: the same computation
 with each chosen matmul replaced as above; the module unchanged when none is chosen.
 """
 from __future__ import annotations
@@ -94,22 +95,30 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def _choose_s(k, wave, veus, min_rows):
-    """The number of row blocks (module docstring), or None."""
+def _gemv_us(nbytes, own, wave, s, veus, cost):
+    """The cost model's time of a GEMV reading ``nbytes`` of weight in ``own * s`` rTasks whose
+    wave has ``wave * s``: ``ceil(wave * s / veus)`` rounds of one rTask's read (its share of the
+    bytes at its vEU's share of ``mem_bw_gbps`` GB/s = 1e3 bytes per us) and ``rtask_us``."""
+    step_us, rtask_us, mem_bw_gbps = cost
+    del step_us
+    read = nbytes / (own * s) / (mem_bw_gbps * 1e3 / veus)
+    return _ceil(wave * s, veus) * (read + rtask_us)
+
+
+def _choose_s(k, nbytes, own, wave, veus, min_rows, cost):
+    """The number of row blocks (module docstring), or None (no divisor, or no time saved)."""
     divisors = [s for s in range(2, k // max(min_rows, 1) + 1) if k % s == 0]
     if not divisors:
         return None
-    return next((s for s in divisors if wave * s >= veus), divisors[-1])
-
-
-def _read_us(nbytes, rtasks, veus, mem_bw_gbps):
-    """The cost model's time to read ``nbytes`` with ``rtasks`` rTasks, each its vEU's share of
-    the bandwidth (``mem_bw_gbps`` GB/s = 1e3 bytes per us)."""
-    return nbytes / (mem_bw_gbps * 1e3) * veus / min(rtasks, veus)
+    best = min(divisors, key=lambda s: (_gemv_us(nbytes, own, wave, s, veus, cost), s))
+    saved = _gemv_us(nbytes, own, wave, 1, veus, cost) - _gemv_us(nbytes, own, wave, best, veus,
+                                                                   cost)
+    return best if saved > cost[0] else None
 
 
 def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
-                min_rows: int = 32, step_us: float = 0.0, mem_bw_gbps: float = 3000.0) -> dict:
+                min_rows: int = 32, step_us: float = 0.0, mem_bw_gbps: float = 3000.0,
+                rtask_us: float = 0.0) -> dict:
     """{matmul Call: S} for the GEMVs of ``func`` to split (module docstring); {} when none."""
     weights = set(weight_params(func))
     body = func.body
@@ -148,13 +157,10 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
                     break
         if wave >= veus:
             continue
-        s = _choose_s(k, wave, veus, min_rows)
-        if s is None:
-            continue
         nbytes = k * nn * np.dtype(str(call.args[1].ty.dtype)).itemsize
-        saved = _read_us(nbytes, wave, veus, mem_bw_gbps) - _read_us(nbytes, wave * s, veus,
-                                                                       mem_bw_gbps)
-        if saved > step_us:
+        s = _choose_s(k, nbytes, rtasks[j], wave, veus, min_rows,
+                      (step_us, rtask_us, mem_bw_gbps))
+        if s is not None:
             plan[call] = s
     return plan
 
@@ -240,19 +246,19 @@ class SplitKGEMV:
 
     ``veus``: the vEUs a GEMV's rTasks should fill; ``columns_per_rtask``: output columns per rTask
     of the unsplit GEMV's schedule (dlight's GEMV rule: 16); ``min_rows``: fewest rows of W per
-    block; ``step_us``: the least read time a split must save (0: any); ``mem_bw_gbps``: the
-    bandwidth that read time is charged at."""
+    block; ``step_us``: the least time a split must save (0: any); ``rtask_us``: the cost
+    model's overhead per rTask; ``mem_bw_gbps``: the bandwidth the weight's read is charged at."""
 
     def __init__(self, veus: int, columns_per_rtask: int = 16, min_rows: int = 32,
-                 step_us: float = 0.0, mem_bw_gbps: float = 3000.0):
+                 step_us: float = 0.0, mem_bw_gbps: float = 3000.0, rtask_us: float = 0.0):
         if veus < 1 or columns_per_rtask < 1 or min_rows < 1:
             raise ValueError(f"SplitKGEMV(veus={veus}, columns_per_rtask={columns_per_rtask}, "
                              f"min_rows={min_rows}): each must be >= 1")
-        if not step_us >= 0 or not mem_bw_gbps > 0:
-            raise ValueError(f"SplitKGEMV(step_us={step_us}, mem_bw_gbps={mem_bw_gbps}): use "
-                             "step_us >= 0 and mem_bw_gbps > 0")
+        if not step_us >= 0 or not rtask_us >= 0 or not mem_bw_gbps > 0:
+            raise ValueError(f"SplitKGEMV(step_us={step_us}, rtask_us={rtask_us}, mem_bw_gbps="
+                             f"{mem_bw_gbps}): use times >= 0 and mem_bw_gbps > 0")
         self.veus, self.columns_per_rtask, self.min_rows = veus, columns_per_rtask, min_rows
-        self.step_us, self.mem_bw_gbps = step_us, mem_bw_gbps
+        self.step_us, self.mem_bw_gbps, self.rtask_us = step_us, mem_bw_gbps, rtask_us
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the planned matmuls of every Relax function of ``mod``."""
@@ -261,7 +267,7 @@ class SplitKGEMV:
             if not isinstance(func, relax.Function):
                 continue
             plan = plan_splits(func, self.veus, self.columns_per_rtask, self.min_rows,
-                               self.step_us, self.mem_bw_gbps)
+                               self.step_us, self.mem_bw_gbps, self.rtask_us)
             if not plan:
                 continue
             rewriter.plan = plan

@@ -195,8 +195,8 @@ def test_weights_apart_the_blocks_are_a_lifted_reshape_and_match_onnxruntime():
     model = get_model("gpt2_decode", **GPT2)
     passes = graph_passes(RammerConfig(weights="apart"), [SplitKGEMV(VEUS, min_rows=16)])
     mod = tvm.transform.Sequential(passes)(import_onnx(model, weights="apart"))
-    # QKV's W [64, 192]: 12 rTasks, S = 2 blocks of 32 rows, made in transform_params
-    assert "R.Tensor((2, 32, 192)" in mod[TRANSFORM_NAME].script()
+    # QKV's W [64, 192]: 12 rTasks; S 4 (48 rTasks, 3 rounds of 16) reads fastest: made there
+    assert "R.Tensor((4, 16, 192)" in mod[TRANSFORM_NAME].script()
     assert any("split_k_partial" in str(gv.name_hint) for gv in mod.get_global_vars())
     for gv, func in list(mod.functions_items()):
         if isinstance(func, tirx.PrimFunc):
@@ -213,7 +213,7 @@ def test_the_pipeline_fills_the_vdevices_veus():
 
     target = tvm.target.Target("rammer/nvidia-h100")
     (full,) = split_k_passes(target, RammerConfig(num_sms=132))
-    assert (full.veus, full.step_us, full.mem_bw_gbps) == (528, 1.3, 3000.0)  # 132 x 4 of 256
+    assert (full.veus, full.step_us, full.mem_bw_gbps, full.rtask_us) == (528, 1.3, 3000.0, 0.5)
     assert split_k_passes(target, RammerConfig(num_sms=4, veus_per_sm=4))[0].veus == VEUS
     assert split_k_passes(target, RammerConfig(split_k=False)) == []
     names = [p.info.name for p in rammer_passes(target, RammerConfig(num_sms=132))]
@@ -222,13 +222,18 @@ def test_the_pipeline_fills_the_vdevices_veus():
                                                                   [full])]
 
 
-def test_a_split_must_save_more_than_the_step_it_adds():
-    """fp32 W [3072, 768] (9.4 MB, 48 rTasks of 528 vEUs): 31.5 us of reading saved, split at a
-    1.3 us step; [64, 32] (8 KB): 0.03 us saved, not split (a reduced model's GEMVs)."""
-    big, _, _ = _gemv_module(k=3072, n=768, bias=False)
+def test_s_is_the_cost_models_fastest_and_a_split_must_save_more_than_its_step():
+    """528 vEUs, 0.5 us per rTask. fp16 W [3072, 768] (GPT-2 small's fc2, 48 rTasks, 17.8 us):
+    S 8 (384 rTasks, one round, 2.7 us), not S 12 (576 rTasks: two rounds, 3.9 us); fp32: S 32
+    (1536 rTasks, three rounds of a third of the bytes, 4.7 us against 35.1). [64, 32] fp32
+    (8 KB): no split saves the 1.3 us step (a reduced model's GEMVs), any split saves 0 us."""
+    fc2, _, _ = _gemv_module(k=3072, n=768, dtype="float16", bias=False)
+    fc2_32, _, _ = _gemv_module(k=3072, n=768, bias=False)
     small, _, _ = _gemv_module()
-    assert list(plan_splits(big["main"], 528, step_us=1.3).values()) == [12]
-    assert plan_splits(small["main"], 528, step_us=1.3) == {}
+    cost = dict(step_us=1.3, rtask_us=0.5)
+    assert list(plan_splits(fc2["main"], 528, **cost).values()) == [8]
+    assert list(plan_splits(fc2_32["main"], 528, **cost).values()) == [32]
+    assert plan_splits(small["main"], 528, **cost) == {}
     assert plan_splits(small["main"], 528) != {}  # the step alone decides
 
 @pytest.mark.slow

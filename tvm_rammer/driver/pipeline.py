@@ -133,15 +133,16 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     """``[SplitKGEMV]`` for the target's vDevice (``vdevice_for``), [] when ``config.split_k`` is
     off: the vEUs to fill are its SMs x the vEUs per SM of an rTask of ``max_rtask_threads``
     threads (default registers, no shared memory; the count before any rKernel is known, H100
-    preset: 132 x 4 = 528); a split must save more read time than a barrier and a dependent rTask
-    at the cost model's bandwidth (``cost_config``)."""
+    preset: 132 x 4 = 528); S and whether to split are the cost model's (``cost_config``: its
+    bandwidth and per-rTask overhead; a split must save more than a barrier and a dependent
+    rTask)."""
     if not config.split_k:
         return []
     vdevice = vdevice_for(target, config)
     cost = cost_config(config, vdevice)
     veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
     return [SplitKGEMV(veus, step_us=cost.barrier_us + cost.per_rtask_overhead_us,
-                       mem_bw_gbps=cost.mem_bw_gbps)]
+                       mem_bw_gbps=cost.mem_bw_gbps, rtask_us=cost.per_rtask_overhead_us)]
 
 
 def inference_passes() -> list:
