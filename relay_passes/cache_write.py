@@ -70,16 +70,20 @@ def slot_write(data: te.Tensor, indices: te.Tensor, updates: te.Tensor, axis: in
 def slot_write_inplace(data_ty, indices_ty, updates_ty, axis: int, nd: bool,
                        kept_one: bool) -> tirx.PrimFunc:
     """The in-place kernel: ``(data, indices, updates)`` -> nothing; for every element of
-    ``updates`` (its rTasks cover the update, not the cache), ``data`` at the slot
-    ``norm(index)`` along ``axis`` (same index reading as :func:`slot_write`) is overwritten;
-    an index out of range writes nothing. For ``R.call_tir_inplace(..., inplace_indices=0)``.
-    The block declares the one element it writes (its slot read from ``indices``), so the cost
-    model charges the update's bytes, not the cache's (``rkernels.param_bytes``' indirect
-    regions)."""
+    ``updates`` (its rTasks cover the update, not the cache), ``data`` at the slot ``index``
+    along ``axis`` (read as :func:`slot_write` reads it) is overwritten; an index out of
+    ``[0, extent)`` writes nothing. ``indices`` must be normalized already (the pass emits
+    :func:`normalized` of them): an index stored as it is read keeps the block's write region
+    one element wide wherever TVM derives it again (FuseTIR, a schedule), where the negative-
+    index ``Select`` would make it the hull ``[index, index + extent]`` (the cost model would
+    charge the whole cache). For ``R.call_tir_inplace(..., inplace_indices=0)``."""
     from tvm.script.ir_builder import IRBuilder  # pylint: disable=import-outside-toplevel
     from tvm.script.ir_builder import tirx as T  # pylint: disable=import-outside-toplevel
 
-    shapes = [static_shape(ty) for ty in (data_ty, indices_ty, updates_ty)]
+    # int64 dims and loops, as TVM's legalized kernels have them: FuseTIR maps a producer's
+    # output buffer onto ``updates`` only when both have the same type
+    shapes = [[tirx.IntImm("int64", d) for d in static_shape(ty)]
+              for ty in (data_ty, indices_ty, updates_ty)]
     extent = shapes[0][axis]
     with IRBuilder() as builder:
         with T.prim_func(private=True, s_tir=True):
@@ -97,15 +101,22 @@ def slot_write_inplace(data_ty, indices_ty, updates_ty, axis: int, nd: bool,
                         rest = v[axis + 1:] if kept_one else v[axis:]
                     else:
                         at, rest = v, v[axis + 1:]
-                    index = indices[tuple(at)]
-                    slot = tirx.Select(index < 0, index + extent, index)
-                    target = v[:axis] + [slot.astype("int32")] + rest  # shapes of Python ints
+                    slot = indices[tuple(at)].astype("int64")
+                    target = v[:axis] + [slot] + rest
                     T.reads(indices[tuple(at)], updates[tuple(v)])
                     T.writes(data[tuple(target)])  # one element at a data-dependent slot
                     with T.If(tirx.all(slot >= 0, slot < extent)):
                         with T.Then():
                             T.buffer_store(data, updates[tuple(v)], target)
     return builder.get()
+
+
+def normalized(indices: relax.Expr, extent: int) -> relax.Expr:
+    """``where(indices < 0, indices + extent, indices)``: ONNX's negative indices made slots
+    (only the slot component of ScatterND's is read by the in-place kernel)."""
+    dtype = str(indices.ty.dtype)
+    return relax.op.where(relax.op.less(indices, relax.const(0, dtype)),
+                          relax.op.add(indices, relax.const(extent, dtype)), indices)
 
 
 def match_slot_write(call: relax.Call, lookup) -> dict | None:
@@ -207,7 +218,10 @@ class _Rewriter(relax.PyExprMutator):
                 and self.uses.get(data) == 1:
             func = slot_write_inplace(*(arg.ty for arg in call.args), **spec)
             gv = self.builder_.add_func(func, KERNEL_NAME + "_inplace")
-            return relax.op.call_tir_inplace(gv, relax.Tuple(list(call.args)), [0], call.ty)
+            extent = static_shape(call.args[0].ty)[spec["axis"]]
+            indices = self.builder_.emit(normalized(call.args[1], extent))
+            args = [call.args[0], indices, call.args[2]]
+            return relax.op.call_tir_inplace(gv, relax.Tuple(args), [0], call.ty)
         return self.builder_.call_te(slot_write, *call.args, primfunc_name_hint=KERNEL_NAME,
                                      **spec)
 

@@ -36,6 +36,7 @@ from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.gemv_epilogue import GEMVEpilogueFusion
 from relay_passes.inference_dropout import RemoveInferenceDropout
+from relay_passes.inplace_fusion import InPlaceWriteFusion
 from relay_passes.lift_weights import LiftWeightTransforms, WeightsAsInputs
 from relay_passes.memo_legalize import MemoLegalizeOps
 from relay_passes.norm_gemv import NormGEMVFusion
@@ -125,6 +126,7 @@ def graph_passes(config: RammerConfig, split_k: list | tuple = ()) -> list:
         relax.transform.FoldConstant(),                # before grouping: no rTasks for constants
         *lift,                                         # weights apart: no rTasks for weight-only ops
         *fusion,                                       # never joins two independent branches
+        *([InPlaceWriteFusion()] if config.fusion else []),  # a cache write + its update: 1 kernel
         relax.transform.FuseTIR(),                     # one PrimFunc per fused group
     ]
 
