@@ -9,9 +9,10 @@ PrimFunc over the cache's shape::
     out[x] = updates[u(x)] if norm(indices[i(x)]) == x[axis] else data[x]
 
 (``norm``: a negative index plus the axis' extent), which dlight schedules as one kernel and the
-back end places as rTasks like any elementwise operator. The whole cache is still read and written
-(the copy remains; writing only the slot needs the in-place call through the back end, see
-DESIGN.md).
+back end places as rTasks like any elementwise operator; the whole cache is read and written. With
+``inplace=True`` (the rammer pipeline's default, ``RammerConfig.inplace_cache``) a cache that is a
+parameter nothing else reads is written in place instead, only the slot (:func:`slot_write_inplace`;
+the back end places it in the rProgram and aliases its output to the caller's cache, DESIGN.md).
 
 Input: Relax with high-level ops (run before LegalizeOps), static shapes. Rewritten, with ONNX's
 semantics kept exactly (duplicates are impossible in both forms):
@@ -229,7 +230,7 @@ class _Rewriter(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="CacheSlotWrite")
 class CacheSlotWrite:
     """Replace one-slot cache scatters in every Relax function by one PrimFunc: the injective
-    copy-and-select kernel (the default, what the rammer pipeline places as rTasks), or with
+    copy-and-select kernel (the default here; the rammer pipeline's with ``inplace_cache=False``), or with
     ``inplace=True`` ``R.call_tir_inplace`` of :func:`slot_write_inplace` (only the slot
     written, the output aliasing the cache: the caller's buffer) where the cache is a parameter
     of the function that nothing else reads; elsewhere the injective kernel. Only a parameter: a
