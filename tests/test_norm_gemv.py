@@ -273,9 +273,9 @@ def test_reduced_llama_recomputes_each_rms_norm_in_every_gemv_reading_it():
     assert len(with_fusion) == len(without) - norms
 
 
-def test_reduced_gpt2_on_the_emulator_matches_onnxruntime():
-    """The rammer pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator, float32: one launch,
-    relative error <= 1e-4 against onnxruntime."""
+def _emulated_errors(name, precision="float32"):
+    """(launches, relative errors of the outputs) of reduced ``name`` through the rammer
+    pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator against onnxruntime."""
     pytest.importorskip("onnxruntime")
     if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
         pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
@@ -284,14 +284,30 @@ def test_reduced_gpt2_on_the_emulator_matches_onnxruntime():
     from tvm_rammer.numerics import relative_error
     from tvm_rammer.run.runner import onnx_reference
 
-    model = get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+    model = get_model(name, **REDUCED[name])
     rng = np.random.default_rng(1)
     feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([6], np.int64)}
     for value in model.graph.input[2:]:
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
-    build = emulator.emulation_build(model, config=RammerConfig(num_sms=2, veus_per_sm=2))
-    result = emulator.emulate(build, [feeds[i.name] for i in model.graph.input])
-    assert len(result.launches) == 1
-    errors = [relative_error(o, r) for o, r in zip(result.outputs, onnx_reference(model, feeds))]
-    assert max(errors) <= 1e-4, errors
+    config = RammerConfig(num_sms=2, veus_per_sm=2, precision=precision)
+    result = emulator.emulate(emulator.emulation_build(model, config=config),
+                              [feeds[i.name] for i in model.graph.input])
+    return len(result.launches), [relative_error(o, r) for o, r in
+                                  zip(result.outputs, onnx_reference(model, feeds))]
+
+
+def test_reduced_gpt2_on_the_emulator_matches_onnxruntime():
+    """float32: one launch, relative error <= 1e-4 against onnxruntime."""
+    launches, errors = _emulated_errors("gpt2_decode")
+    assert launches == 1 and max(errors) <= 1e-4, errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, precision", [("gpt2_decode", "float16"),
+                                             ("llama_decode", "float32")])
+def test_reduced_decoders_on_the_emulator_match_onnxruntime(name, precision):
+    """GPT-2 in float16 (2-column half loads; <= 2e-2) and Llama's RMSNorm fused into q, k, v,
+    gate and up (float32, <= 1e-4)."""
+    launches, errors = _emulated_errors(name, precision)
+    assert launches == 1 and max(errors) <= (2e-2 if precision == "float16" else 1e-4), errors
