@@ -8,7 +8,8 @@ BERT's post-LN) or returned is left as it is. The rule: its one-kernel schedule 
 (thread loops serial) against NumPy's LayerNorm / RMSNorm then matmul, float32 and float16, with
 a negative control (the epsilon changed) that the same check detects. The pipeline: reduced
 gpt2_decode and llama_decode have no norm operator left (llama: q, k, v, gate and up each
-recompute theirs) and gpt2_decode, on the CPU emulator, is one launch matching onnxruntime.
+recompute theirs) and, on the CPU emulator, are one launch matching onnxruntime (GPT-2: with a
+wrong epsilon in the fused kernels detected).
 """
 import shutil
 
@@ -297,10 +298,18 @@ def _emulated_errors(name, precision="float32"):
                                   zip(result.outputs, onnx_reference(model, feeds))]
 
 
-def test_reduced_gpt2_on_the_emulator_matches_onnxruntime():
-    """float32: one launch, relative error <= 1e-4 against onnxruntime."""
+def test_reduced_gpt2_on_the_emulator_matches_onnxruntime(monkeypatch):
+    """float32: one launch, relative error <= 1e-4 against onnxruntime; control: the fused
+    kernels built with epsilon 0.5 are detected (the logits)."""
     launches, errors = _emulated_errors("gpt2_decode")
     assert launches == 1 and max(errors) <= 1e-4, errors
+    from tir_templates import norm_gemv as rule
+
+    schedule = rule.schedule_norm_gemv
+    monkeypatch.setattr(rule, "schedule_norm_gemv",
+                        lambda func, *a, **k: schedule(_with_epsilon(func, 0.5), *a, **k))
+    _, errors = _emulated_errors("gpt2_decode")
+    assert errors[0] > 1e-3, errors
 
 
 @pytest.mark.slow
