@@ -36,7 +36,12 @@ rTask reads its share of the weight at its vEU's share of ``mem_bw``, plus ``rta
 the vEUs beats two rounds of a few more (GPT-2 small's fc2: S 8, 384 rTasks, 2.7 us; S 12, 576
 rTasks, two rounds, 3.9 us). Only where it pays: that time falls by more than ``step_us``, the
 dependent step the sum adds (the pipeline: a barrier and a dependent rTask). A small model's
-GEMVs (the reduced test models') are left alone; GPT-2 small's four per layer are split.
+GEMVs (the reduced test models') are left alone. With ``leave_norm_rows`` (the pipeline: when
+NormGEMVFusion runs) a GEMV whose row is a row norm is left to that pass, which makes the norm
+its prologue (no step of its own, and its schedule already has N / vec rTasks: GPT-2 small's QKV
+576): a *row norm* is ``layer_norm`` / ``rms_norm``, or elementwise ops (casts, multiply, add,
+divide, sqrt, rsqrt, power) over a ``mean`` / ``sum`` / ``variance`` of the last axis (an RMSNorm
+as exported), within a few bindings of the row.
 
 In: Relax with high-level ops, after ToMixedPrecision and FoldConstantOps (the weights constants
 of their final dtype), before LegalizeOps. ``veus``: the vEUs to fill (``driver.pipeline``: the
@@ -116,9 +121,34 @@ def _choose_s(k, nbytes, own, wave, veus, min_rows, cost):
     return best if saved > cost[0] else None
 
 
+_NORMS = {"relax.nn.layer_norm", "relax.nn.rms_norm"}
+_ROW_REDUCTIONS = {"relax.mean", "relax.sum", "relax.variance"}
+_ELEMENTWISE = {"relax.astype", "relax.multiply", "relax.add", "relax.subtract", "relax.divide",
+                "relax.sqrt", "relax.rsqrt", "relax.power"}
+
+
+def _is_norm_row(expr, lookup, depth: int = 8) -> bool:
+    """``expr`` (a var) is a row norm (module docstring), following at most ``depth`` bindings."""
+    if depth <= 0 or not isinstance(expr, relax.Var):
+        return False
+    value = lookup(expr)
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return False
+    name = value.op.name
+    if name in _NORMS:
+        return True
+    if name in _ROW_REDUCTIONS:
+        axes = value.attrs.axis
+        rank = len(_static_shape(value.args[0]) or ())
+        return axes is not None and rank > 0 and [int(a) % rank for a in axes] == [rank - 1]
+    if name in _ELEMENTWISE:
+        return any(_is_norm_row(arg, lookup, depth - 1) for arg in value.args)
+    return False
+
+
 def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
                 min_rows: int = 32, step_us: float = 0.0, mem_bw_gbps: float = 3000.0,
-                rtask_us: float = 0.0) -> dict:
+                rtask_us: float = 0.0, leave_norm_rows: bool = False) -> dict:
     """{matmul Call: S} for the GEMVs of ``func`` to split (module docstring); {} when none."""
     weights = set(weight_params(func))
     body = func.body
@@ -145,9 +175,12 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
         ancestors[n] = acc
     rtasks = [_ceil(m, columns_per_rtask) * _ceil(nn, columns_per_rtask)
               for _, _, m, _, nn in matmuls]
+    values = {b.var: b.value for b in bindings}
     plan = {}
     for j, (n, call, m, k, nn) in enumerate(matmuls):
         if m != 1 or rtasks[j] >= veus:
+            continue
+        if leave_norm_rows and _is_norm_row(call.args[0], values.get):
             continue
         wave = rtasks[j]
         for i, (other, *_) in enumerate(matmuls):
@@ -247,10 +280,12 @@ class SplitKGEMV:
     ``veus``: the vEUs a GEMV's rTasks should fill; ``columns_per_rtask``: output columns per rTask
     of the unsplit GEMV's schedule (dlight's GEMV rule: 16); ``min_rows``: fewest rows of W per
     block; ``step_us``: the least time a split must save (0: any); ``rtask_us``: the cost
-    model's overhead per rTask; ``mem_bw_gbps``: the bandwidth the weight's read is charged at."""
+    model's overhead per rTask; ``mem_bw_gbps``: the bandwidth the weight's read is charged at;
+    ``leave_norm_rows``: leave a GEMV whose row is a row norm to NormGEMVFusion."""
 
     def __init__(self, veus: int, columns_per_rtask: int = 16, min_rows: int = 32,
-                 step_us: float = 0.0, mem_bw_gbps: float = 3000.0, rtask_us: float = 0.0):
+                 step_us: float = 0.0, mem_bw_gbps: float = 3000.0, rtask_us: float = 0.0,
+                 leave_norm_rows: bool = False):
         if veus < 1 or columns_per_rtask < 1 or min_rows < 1:
             raise ValueError(f"SplitKGEMV(veus={veus}, columns_per_rtask={columns_per_rtask}, "
                              f"min_rows={min_rows}): each must be >= 1")
@@ -259,6 +294,7 @@ class SplitKGEMV:
                              f"{mem_bw_gbps}): use times >= 0 and mem_bw_gbps > 0")
         self.veus, self.columns_per_rtask, self.min_rows = veus, columns_per_rtask, min_rows
         self.step_us, self.mem_bw_gbps, self.rtask_us = step_us, mem_bw_gbps, rtask_us
+        self.leave_norm_rows = leave_norm_rows
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the planned matmuls of every Relax function of ``mod``."""
@@ -267,7 +303,8 @@ class SplitKGEMV:
             if not isinstance(func, relax.Function):
                 continue
             plan = plan_splits(func, self.veus, self.columns_per_rtask, self.min_rows,
-                               self.step_us, self.mem_bw_gbps, self.rtask_us)
+                               self.step_us, self.mem_bw_gbps, self.rtask_us,
+                               self.leave_norm_rows)
             if not plan:
                 continue
             rewriter.plan = plan

@@ -99,6 +99,40 @@ def test_a_wave_of_gemvs_that_fills_the_veus_is_left_alone():
     assert list(plan_splits(mod["main"], veus=16, min_rows=8).values()) == [8]
 
 
+def _normed_gemv(norm):
+    """main(x [1, 1, K]) = norm(x) @ W: norm "layer_norm", "rms" (as exporters write RMSNorm:
+    x * rsqrt(mean(x * x, -1) + eps) * g) or "first" (a mean over the first axis: no row norm)."""
+    rng = np.random.default_rng(0)
+    g = relax.const(np.ones(K, "float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, K), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if norm == "layer_norm":
+                row = bb.emit(relax.op.nn.layer_norm(x, g, g, axes=[-1]))
+            else:
+                axis = -1 if norm == "rms" else 0
+                ms = bb.emit(relax.op.mean(bb.emit(relax.op.multiply(x, x)), axis=[axis],
+                                           keepdims=True))
+                inv = bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(ms, relax.const(1e-5)))))
+                row = bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(x, inv)), g))
+            y = bb.emit(relax.op.matmul(row, relax.const(
+                rng.standard_normal((K, N)).astype("float32"))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("norm, left", [("layer_norm", True), ("rms", True), ("first", False)])
+def test_a_gemv_after_a_row_norm_is_left_to_the_norm_fusion(norm, left):
+    """With leave_norm_rows (NormGEMVFusion on) a GEMV whose row is a LayerNorm or an exported
+    RMSNorm is not split (the norm becomes its prologue instead); a mean over another axis is no
+    row norm; without leave_norm_rows every one is split."""
+    func = _normed_gemv(norm)["main"]
+    assert (plan_splits(func, 8, min_rows=8, leave_norm_rows=True) == {}) == left
+    assert list(plan_splits(func, 8, min_rows=8).values()) == [4]
+
+
 def _llvm(mod):
     mod = relax.transform.LegalizeOps()(mod)
     return relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
@@ -214,6 +248,8 @@ def test_the_pipeline_fills_the_vdevices_veus():
     target = tvm.target.Target("rammer/nvidia-h100")
     (full,) = split_k_passes(target, RammerConfig(num_sms=132))
     assert (full.veus, full.step_us, full.mem_bw_gbps, full.rtask_us) == (528, 1.3, 3000.0, 0.5)
+    assert full.leave_norm_rows  # NormGEMVFusion runs: the GEMVs after norms are its
+    assert not split_k_passes(target, RammerConfig(norm_fusion=False))[0].leave_norm_rows
     assert split_k_passes(target, RammerConfig(num_sms=4, veus_per_sm=4))[0].veus == VEUS
     assert split_k_passes(target, RammerConfig(split_k=False)) == []
     names = [p.info.name for p in rammer_passes(target, RammerConfig(num_sms=132))]

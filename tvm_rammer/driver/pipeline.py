@@ -137,14 +137,15 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     threads (default registers, no shared memory; the count before any rKernel is known, H100
     preset: 132 x 4 = 528); S and whether to split are the cost model's (``cost_config``: its
     bandwidth and per-rTask overhead; a split must save more than a barrier and a dependent
-    rTask)."""
+    rTask). A GEMV after a row norm is left to NormGEMVFusion when it runs."""
     if not config.split_k:
         return []
     vdevice = vdevice_for(target, config)
     cost = cost_config(config, vdevice)
     veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
     return [SplitKGEMV(veus, step_us=cost.barrier_us + cost.per_rtask_overhead_us,
-                       mem_bw_gbps=cost.mem_bw_gbps, rtask_us=cost.per_rtask_overhead_us)]
+                       mem_bw_gbps=cost.mem_bw_gbps, rtask_us=cost.per_rtask_overhead_us,
+                       leave_norm_rows=config.fusion and config.norm_fusion)]
 
 
 def inference_passes() -> list:
