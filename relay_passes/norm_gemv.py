@@ -8,11 +8,13 @@ itself and normalises the row into shared memory before its share of the GEMV
 (``tir_templates.norm_gemv``). The norm's step and its barrier leave the critical path.
 
 Which norms. A *norm node* is a call_tir, or a call of a Primitive function of call_tirs (a fused
-group: ``layer_norm`` and the ``astype`` ToMixedPrecision leaves after it; an RMSNorm as exporters
-write it, ``x * (1 / sqrt(mean(x^2) + eps)) * weight``, which the fusion makes one group), with one output
-``[1, ..., 1, K]`` and one input ``x`` of that shape that is not a weight (the others are
-weights: gain and shift); exactly one of its PrimFuncs reduces, and only over the last axis
-(``layer_norm``'s sums, RMSNorm's ``mean``), the others are at most injective. A *GEMV node* is a call_tir of a
+group: ``layer_norm`` and the ``astype`` ToMixedPrecision leaves after it; an RMSNorm as
+exporters write it, ``x * (1 / sqrt(mean(x^2) + eps)) * weight``, which the fusion makes one
+group), with one output ``[1, ..., 1, K]`` and one input ``x`` of that shape that is not a weight
+(the others are weights of K values or one: gain and shift, epsilon; never a matrix, so a square
+GEMV with its bias and ReLU is no norm); exactly one of its PrimFuncs reduces, only over the last
+axis (``layer_norm``'s sums, RMSNorm's ``mean``), and is no matmul; the others are at most
+injective. A *GEMV node* is a call_tir of a
 matmul ``[1, ..., 1, K] x [K, N]`` with a weight ``W`` (one reduction block, the weight's columns
 contiguous), or a group of one followed by call_tirs of at most broadcast pattern (bias add,
 casts; what FuseOps puts after a matmul). A norm node is fused when its output is not an output
@@ -31,6 +33,7 @@ before FuseTIR.
 """
 from __future__ import annotations
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
@@ -205,9 +208,16 @@ def _norm(graph, node, weights):
     activations = [t for t in node.inputs if not _is_weight(t, weights)]
     if len(activations) != 1 or activations[0].shape != shape:
         return None
+    # the other inputs are per-element parameters of the row (gain, shift: K values or one), never
+    # a matrix: a square GEMV [1, K] x [K, K] (+ bias, ReLU) would pass the rest, and each rTask
+    # of its reader would recompute the whole GEMV (AlexNet's classifier)
+    if any(not _static(t.shape) or int(np.prod(t.shape)) not in (1, k) for t in node.inputs
+           if t != activations[0]):
+        return None
     reducing = [g for g, _ in calls if callee_pattern(graph.mod, g) > INJECTIVE]
     if len(reducing) != 1 or reducing[0] not in graph.mod.functions \
-            or not is_row_norm(graph.mod[reducing[0]], k):
+            or not is_row_norm(graph.mod[reducing[0]], k) \
+            or row_matmul_shape(graph.mod[reducing[0]]) is not None:
         return None
     return k
 

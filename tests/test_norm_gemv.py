@@ -4,7 +4,8 @@
 The pass: Before/Expected on ``layer_norm -> matmul + bias`` after the grouping (one fused
 function per GEMV holding the norm's call then the GEMV's, the matmul's block annotated), an
 exported RMSNorm fused as well; a norm whose output is also read by something else (a residual,
-BERT's post-LN) or returned is left as it is. The rule: its one-kernel schedule run on llvm
+BERT's post-LN) or returned is left as it is, and a square GEMV with its bias and ReLU (which
+reduces over its row's K values too) is no norm. The rule: its one-kernel schedule run on llvm
 (thread loops serial) against NumPy's LayerNorm / RMSNorm then matmul, float32 and float16, with
 a negative control (the epsilon changed) that the same check detects. The pipeline: reduced
 gpt2_decode and llama_decode have no norm operator left (llama: q, k, v, gate and up each
@@ -57,8 +58,13 @@ def _high_level(residual=False, returned=False, dtype="float32", norm="layer"):
     op = relax.op
     with bb.function("main", [x]):
         with bb.dataflow():
-            ln = _rms_norm(bb, x, g) if norm == "rms" else bb.emit(op.nn.layer_norm(
-                x, relax.const(g), relax.const(beta), axes=[-1], epsilon=EPS))
+            if norm == "dense":  # a square GEMV, bias and ReLU: no norm (AlexNet's classifier)
+                square = (np.random.default_rng(5).standard_normal((K, K)) / 8).astype(dtype)
+                ln = bb.emit(op.nn.relu(op.add(op.matmul(x, relax.const(square)),
+                                               relax.const(g))))
+            else:
+                ln = _rms_norm(bb, x, g) if norm == "rms" else bb.emit(op.nn.layer_norm(
+                    x, relax.const(g), relax.const(beta), axes=[-1], epsilon=EPS))
             row = ln if dtype == "float32" else bb.emit(op.astype(ln, dtype))
             y = bb.emit(op.add(op.matmul(row, relax.const(w), out_dtype="float32")
                                if dtype == "float32" else
@@ -132,8 +138,9 @@ def test_layer_norm_becomes_the_prologue_of_its_gemv():
     tvm.ir.assert_structural_equal(after, _expected(before))
 
 
-@pytest.mark.parametrize("case", [dict(residual=True), dict(returned=True)],
-                         ids=["also_read_by_an_add", "returned"])
+@pytest.mark.parametrize("case", [dict(residual=True), dict(returned=True),
+                                  dict(norm="dense")],
+                         ids=["also_read_by_an_add", "returned", "a_square_gemv_is_no_norm"])
 def test_a_norm_needed_elsewhere_is_left_alone(case):
     mod = _grouped(_high_level(**case))
     tvm.ir.assert_structural_equal(NormGEMVFusion()(mod), mod)

@@ -35,7 +35,7 @@ from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 
 __all__ = ["NormGEMV", "NORM_GEMV_ANNOTATION", "norm_gemv_shape", "schedule_norm_gemv"]
 
-NORM_GEMV_ANNOTATION = "rammer.norm_gemv"  # relay_passes.norm_gemv sets it (a lower stage: no import)
+NORM_GEMV_ANNOTATION = "rammer.norm_gemv"  # set by relay_passes.norm_gemv (a higher stage)
 VECTOR_BYTES = 16
 # In an rProgram a weight's offset is a run-time value (the rTask's arguments), so TVM's CUDA
 # codegen cannot prove a vector load aligned and gathers it lane by lane: for float16 wider than
@@ -62,9 +62,8 @@ def norm_gemv_shape(n: int, k: int, itemsize: int, max_threads: int = 256) -> tu
     thread (a 16-byte weight load where N is a multiple of it, else the largest power of two
     dividing N below it), the widest ``threads_n`` in (1, 2, 8, 32) that leaves at least
     :data:`MIN_RTASKS` rTasks (else 1), ``split_k`` the rest of ``min(256, max_threads)``
-    threads (dlight's GEMV width), halved until it divides K (no predicate on the weight's vector loads: TVM's CUDA
-    codegen writes a predicated half x 8 load as an invalid ``make_uint4`` of 8 values). None
-    when the threads would not be whole warps."""
+    threads (dlight's GEMV width), halved until it divides K (no predicate on the weight's
+    vector loads). None when the threads would not be whole warps."""
     vec = max(1, VECTOR_BYTES // max(itemsize, 1))
     if itemsize < 4:  # see HALF_VEC
         vec = min(vec, HALF_VEC)
