@@ -23,6 +23,7 @@ computation; other bindings unchanged.
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from .dataflow_graph import CALL_TIR, CALL_TIR_INPLACE, DataflowGraph
@@ -31,6 +32,7 @@ INJECTIVE = 2  # op_pattern: elementwise 0, broadcast 1, injective 2
 
 
 def _pattern(mod, gvar) -> int:
+    """The PrimFunc's op_pattern (8, opaque, when it has none)."""
     func = mod[gvar] if gvar in mod.functions else None
     if not isinstance(func, tirx.PrimFunc) or func.attrs is None or "op_pattern" not in func.attrs:
         return 8
@@ -138,6 +140,7 @@ class InPlaceWriteFusion:
 
 
 def _rewrite(mod, graph, plans):
+    """``mod`` with each planned write one call of its fused function, the producers dropped."""
     bb = relax.BlockBuilder(mod)
     dropped = {producer for producer, _, _ in plans.values()}
     replaced, gone = {}, set()
@@ -169,13 +172,12 @@ def _rewrite(mod, graph, plans):
 
 
 def _called(mod, gvar) -> bool:
+    """Whether any Relax function of ``mod`` still calls ``gvar``."""
     found = []
 
     def visit(call):
         if call.op.same_as(gvar):
             found.append(call)
-
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
@@ -184,5 +186,6 @@ def _called(mod, gvar) -> bool:
 
 
 def _without(mod, gvar):
+    """``mod`` without the function ``gvar``."""
     return tvm.IRModule({g: f for g, f in mod.functions_items() if not g.same_as(gvar)},
                         attrs=mod.attrs)
