@@ -45,11 +45,17 @@ from .lift_weights import weight_params
 __all__ = ["NormGEMVFusion", "NORM_GEMV_ANNOTATION", "row_matmul_shape", "is_row_norm"]
 
 NORM_GEMV_ANNOTATION = "rammer.norm_gemv"
+MAX_ROW_BYTES = 16 * 1024  # the normalised row each rTask keeps in shared memory
 
 
 @tvm.transform.module_pass(opt_level=0, name="NormGEMVFusion")
 class NormGEMVFusion:
-    """Fuse each decode-step row norm into the GEMVs that read it (see the module docstring)."""
+    """Fuse each decode-step row norm into the GEMVs that read it (see the module docstring).
+    ``max_row_bytes``: the largest normalised row (K x its dtype's bytes) fused; every rTask
+    keeps it in shared memory (16 KB: Llama-70B's d_model 8192 in float16)."""
+
+    def __init__(self, max_row_bytes: int = MAX_ROW_BYTES):
+        self.max_row_bytes = max_row_bytes
 
     def transform_module(self, mod, ctx):
         """Find the fusable norms of main and emit one fused function per GEMV reader."""
@@ -59,7 +65,7 @@ class NormGEMVFusion:
             graph = DataflowGraph.from_function(mod["main"], mod)
         except ValueError:  # control flow in main: nothing to fuse
             return mod
-        fusions = find_fusions(graph)
+        fusions = find_fusions(graph, self.max_row_bytes)
         if not fusions:
             return mod
         return _emit(mod, graph, fusions)
@@ -222,15 +228,18 @@ def _norm(graph, node, weights):
     return k
 
 
-def find_fusions(graph) -> list:
-    """[(norm node index, [_Gemv])] for every norm to fuse into its readers, in binding order."""
+def find_fusions(graph, max_row_bytes: int = None) -> list:
+    """[(norm node index, [_Gemv])] for every norm to fuse into its readers, in binding order
+    (a normalised row of at most ``max_row_bytes``; default :data:`MAX_ROW_BYTES`)."""
+    max_row_bytes = MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes
     weights = frozenset(weight_params(graph.func))
     fusions = []
     for node in graph.nodes:
         if node.kind == "alias":
             continue
         k = _norm(graph, node, weights)
-        if k is None or graph.is_graph_output(node.outputs[0]):
+        if k is None or graph.is_graph_output(node.outputs[0]) \
+                or k * np.dtype(node.outputs[0].dtype).itemsize > max_row_bytes:
             continue
         readers = graph.consumers(node.outputs[0])
         gemvs = [_gemv(graph, graph.nodes[r], weights) for r in sorted(readers)]

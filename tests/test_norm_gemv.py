@@ -146,6 +146,12 @@ def test_a_norm_needed_elsewhere_is_left_alone(case):
     tvm.ir.assert_structural_equal(NormGEMVFusion()(mod), mod)
 
 
+def test_a_row_past_the_shared_memory_limit_is_left_alone():
+    mod = _grouped(_high_level())  # K = 64 float32: a 256-byte row
+    tvm.ir.assert_structural_equal(NormGEMVFusion(max_row_bytes=255)(mod), mod)
+    assert "fused_norm_fused_matmul_add" in _calls(NormGEMVFusion(max_row_bytes=256)(mod)["main"])
+
+
 def test_the_pass_and_the_rule_are_in_the_rammer_pipeline_and_the_flag_turns_them_off():
     from tvm_rammer import cli
     from tvm_rammer.config import RammerConfig
