@@ -67,3 +67,24 @@ def test_an_update_read_elsewhere_stays_its_own_kernel():
     text = mod["main"].script()
     assert "R.call_tir(fused_multiply_transpose" in text, text
     assert "R.call_tir_inplace(fused_less_add_where_cache_write" in text, text
+
+
+def test_the_pipeline_writes_caches_in_place_and_the_flag_copies_them():
+    """The rammer pipeline: CacheSlotWrite in place and InPlaceWriteFusion between the fusion
+    passes and FuseTIR; ``inplace_cache=False`` (CLI ``--no-inplace-cache``) the copying form."""
+    from tvm_rammer import cli
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.pipeline import graph_passes
+
+    passes = graph_passes(RammerConfig())
+    names = [p.info.name for p in passes]
+    assert names.index("BranchPreservingFusion") < names.index("InPlaceWriteFusion") \
+        < names.index("FuseTIR")
+    write = passes[names.index("CacheSlotWrite")]
+    assert write.inplace is True
+    copying = graph_passes(RammerConfig(inplace_cache=False))
+    assert next(p for p in copying if p.info.name == "CacheSlotWrite").inplace is False
+    parser = cli.build_parser()
+    for command in (["run", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"], ["inspect", "m.onnx"]):
+        assert cli._config(parser.parse_args(command)).inplace_cache is True
+        assert cli._config(parser.parse_args(command + ["--no-inplace-cache"])).inplace_cache is False

@@ -30,6 +30,7 @@ def _config(args) -> RammerConfig:
                         gemv_epilogue=not args.no_gemv_epilogue,
                         split_k=not args.no_split_k,
                         norm_fusion=not args.no_norm_fusion,
+                        inplace_cache=not args.no_inplace_cache,
                         check_unmeasured=not args.no_unmeasured_check,
                         rkernel_functions=not args.no_rkernel_functions,
                         prefetch_weights=not args.no_prefetch_weights,
@@ -123,6 +124,9 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--no-norm-fusion", action="store_true",
                    help="keep a decode step's LayerNorm an operator of its own instead of the "
                         "prologue of each GEMV reading it (RammerConfig.norm_fusion)")
+    p.add_argument("--no-inplace-cache", action="store_true",
+                   help="copy a decode step's KV caches whole (select over the cache) instead of "
+                        "writing the slot in place (RammerConfig.inplace_cache)")
     p.add_argument("--no-unmeasured-check", action="store_true",
                    help="build every rProgram even when nothing is measured and the estimate says "
                         "TVM's default kernels would be faster (RammerConfig.check_unmeasured)")
