@@ -28,8 +28,11 @@ when the GEMVs that may run at the same time as it do not fill the vEUs: its *wa
 estimated rTasks plus those of every matmul with a weight that is neither its ancestor nor its
 descendant in the dataflow, estimated ``ceil(M / c) * ceil(N / c)``, ``c = columns_per_rtask``)
 is below ``veus``. So an RNN's GEMVs, which its wavefront runs side by side (and whose recurrent
-halves GEMVEpilogueFusion wants plain), are left alone; a decoder's chain of GEMVs is split, and
-GEMVs of one input (Llama's Q, K, V) share their wave. S: the divisor of K (``K / S >= min_rows``)
+halves GEMVEpilogueFusion wants plain), are left alone; a decoder's chain of GEMVs is split. A
+GEMV that shares its wave with another (parallel branches, Llama's Q, K, V) is split only with
+``parallel``: the wave spreads over the vEUs with no step added, and what the model predicts for
+splitting it is close (the 16-GEMV branches demo: 13.17 -> 13.06 us), a choice for a measurement;
+the pipeline leaves them. S: the divisor of K (``K / S >= min_rows``)
 with the least time as the cost model charges it (``scheduling.cost_model.rtask_time_us``: each
 rTask reads its share of the weight at its vEU's share of ``mem_bw``, plus ``rtask_us``, in
 ``ceil(wave * S / veus)`` rounds), the smallest among equals; so one round of fewer rTasks than
@@ -148,7 +151,8 @@ def _is_norm_row(expr, lookup, depth: int = 8) -> bool:
 
 def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
                 min_rows: int = 32, step_us: float = 0.0, mem_bw_gbps: float = 3000.0,
-                rtask_us: float = 0.0, leave_norm_rows: bool = False) -> dict:
+                rtask_us: float = 0.0, leave_norm_rows: bool = False,
+                parallel: bool = False) -> dict:
     """{matmul Call: S} for the GEMVs of ``func`` to split (module docstring); {} when none."""
     weights = set(weight_params(func))
     body = func.body
@@ -186,9 +190,9 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
         for i, (other, *_) in enumerate(matmuls):
             if i != j and not ancestors[n] >> i & 1 and not ancestors[other] >> j & 1:
                 wave += rtasks[i]
-                if wave >= veus:
+                if wave >= veus or not parallel:
                     break
-        if wave >= veus:
+        if wave >= veus or (wave > rtasks[j] and not parallel):
             continue
         nbytes = k * nn * np.dtype(str(call.args[1].ty.dtype)).itemsize
         s = _choose_s(k, nbytes, rtasks[j], wave, veus, min_rows,
@@ -281,11 +285,12 @@ class SplitKGEMV:
     of the unsplit GEMV's schedule (dlight's GEMV rule: 16); ``min_rows``: fewest rows of W per
     block; ``step_us``: the least time a split must save (0: any); ``rtask_us``: the cost
     model's overhead per rTask; ``mem_bw_gbps``: the bandwidth the weight's read is charged at;
-    ``leave_norm_rows``: leave a GEMV whose row is a row norm to NormGEMVFusion."""
+    ``leave_norm_rows``: leave a GEMV whose row is a row norm to NormGEMVFusion; ``parallel``:
+    split a GEMV that shares its wave with others too."""
 
     def __init__(self, veus: int, columns_per_rtask: int = 16, min_rows: int = 32,
                  step_us: float = 0.0, mem_bw_gbps: float = 3000.0, rtask_us: float = 0.0,
-                 leave_norm_rows: bool = False):
+                 leave_norm_rows: bool = False, parallel: bool = False):
         if veus < 1 or columns_per_rtask < 1 or min_rows < 1:
             raise ValueError(f"SplitKGEMV(veus={veus}, columns_per_rtask={columns_per_rtask}, "
                              f"min_rows={min_rows}): each must be >= 1")
@@ -294,7 +299,7 @@ class SplitKGEMV:
                              f"{mem_bw_gbps}): use times >= 0 and mem_bw_gbps > 0")
         self.veus, self.columns_per_rtask, self.min_rows = veus, columns_per_rtask, min_rows
         self.step_us, self.mem_bw_gbps, self.rtask_us = step_us, mem_bw_gbps, rtask_us
-        self.leave_norm_rows = leave_norm_rows
+        self.leave_norm_rows, self.parallel = leave_norm_rows, parallel
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the planned matmuls of every Relax function of ``mod``."""
@@ -304,7 +309,7 @@ class SplitKGEMV:
                 continue
             plan = plan_splits(func, self.veus, self.columns_per_rtask, self.min_rows,
                                self.step_us, self.mem_bw_gbps, self.rtask_us,
-                               self.leave_norm_rows)
+                               self.leave_norm_rows, self.parallel)
             if not plan:
                 continue
             rewriter.plan = plan

@@ -90,10 +90,13 @@ def _parallel_gemvs(branches):
 
 
 def test_a_wave_of_gemvs_that_fills_the_veus_is_left_alone():
-    """Four parallel GEMVs of 2 rTasks: a wave of 8. 8 vEUs: none split; 16 vEUs: each split in
-    two (the wave's 8 x 2), not in eight (what one alone would need)."""
-    assert plan_splits(_parallel_gemvs(4)["main"], veus=8, min_rows=8) == {}
-    assert sorted(plan_splits(_parallel_gemvs(4)["main"], veus=16, min_rows=8).values()) == [2] * 4
+    """Four parallel GEMVs of 2 rTasks: a wave of 8. 8 vEUs: none split; 16 vEUs: none split
+    (they share a wave) unless ``parallel``, then each in two (the wave's 8 x 2), not in eight
+    (what one alone would need)."""
+    wave = _parallel_gemvs(4)["main"]
+    assert plan_splits(wave, veus=8, min_rows=8, parallel=True) == {}
+    assert plan_splits(wave, veus=16, min_rows=8) == {}
+    assert sorted(plan_splits(wave, veus=16, min_rows=8, parallel=True).values()) == [2] * 4
     # a chain is no wave: each GEMV of a chain is split for itself
     mod, _, _ = _gemv_module()
     assert list(plan_splits(mod["main"], veus=16, min_rows=8).values()) == [8]
@@ -196,8 +199,8 @@ def _errors(outputs, model, feeds):
                                                    ("gpt2_decode", "float16", 2e-2),
                                                    ("llama_decode", "float32", 1e-4)])
 def test_reduced_decoder_graph_passes_match_onnxruntime_on_llvm(name, precision, tol):
-    """The rammer graph passes with 16 vEUs (gpt2: every GEMV but fc1 split; llama: q, k and v
-    side by side, one wave) built for llvm."""
+    """The rammer graph passes with 16 vEUs built for llvm (gpt2: every GEMV but fc1 split;
+    llama: the GEMVs alone in their wave, not q, k, v nor gate, up)."""
     pytest.importorskip("onnxruntime")
     from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.driver.pipeline import graph_passes
