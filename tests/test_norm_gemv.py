@@ -287,6 +287,40 @@ def test_reduced_llama_recomputes_each_rms_norm_in_every_gemv_reading_it():
     assert len(with_fusion) == len(without) - norms
 
 
+def _decode_feeds(model, position=6):
+    rng = np.random.default_rng(1)
+    feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([position], np.int64)}
+    for value in model.graph.input[2:]:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def test_weights_apart_the_fused_gemvs_take_the_parameters_and_match_onnxruntime():
+    """Weights kept apart (gain, shift and W are ``main``'s parameters): the norms are fused
+    all the same, and the graph (unscheduled, on llvm) matches onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from relay_passes.lift_weights import TRANSFORM_NAME
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
+    from tvm_rammer.lease import manifest as mf
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.run.runner import onnx_reference
+
+    model = get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+    passes = graph_passes(RammerConfig(weights="apart"))
+    mod = tvm.transform.Sequential(passes)(import_onnx(model, weights="apart"))
+    calls = _calls(mod["main"])
+    assert "layer_norm" not in calls and sum(n.startswith("fused_norm") for n in calls) == 5
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    weights = vm[TRANSFORM_NAME](*[tvm.runtime.tensor(a) for _, a in mf.raw_weights(model)])
+    feeds = _decode_feeds(model)
+    got = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input], *weights)
+    errors = [relative_error(g.numpy(), r) for g, r in zip(got, onnx_reference(model, feeds))]
+    assert max(errors) <= 1e-4, errors
+
+
 def _emulated_errors(name, precision="float32"):
     """(launches, relative errors of the outputs) of reduced ``name`` through the rammer
     pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator against onnxruntime."""
@@ -299,11 +333,7 @@ def _emulated_errors(name, precision="float32"):
     from tvm_rammer.run.runner import onnx_reference
 
     model = get_model(name, **REDUCED[name])
-    rng = np.random.default_rng(1)
-    feeds = {"input_ids": np.array([[5]], np.int64), "position": np.array([6], np.int64)}
-    for value in model.graph.input[2:]:
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    feeds = _decode_feeds(model)
     config = RammerConfig(num_sms=2, veus_per_sm=2, precision=precision)
     result = emulator.emulate(emulator.emulation_build(model, config=config),
                               [feeds[i.name] for i in model.graph.input])
