@@ -16,9 +16,10 @@ with ``W' = reshape(W, [S, K/S, N])`` a constant (W's own bytes; no copy of data
 ``reshape(x, [S, 1, K/S])`` in front of a batched ``matmul`` would be an operator of its own
 (FuseOps joins no reshape to a LayerNorm before it), one more dependent step. The sum is a small
 reduction that FuseOps joins with the GEMV's epilogue (bias, residual add, cast, GELU), which it
-would have joined anyway. The weight bytes read are the same; ``S x N`` partial sums more are written and read.
-The partials are accumulated in the matmul's ``out_dtype``, and in float32 where the result is
-float16 (then cast back once, after the sum). The summation order changes (float rounding).
+would have joined anyway. The weight bytes read are the same; ``S x N`` partial sums more are
+written and read. The partials are accumulated in the matmul's ``out_dtype``, and in float32
+where the result is float16 (then cast back once, after the sum). The summation order changes
+(float rounding).
 
 Which matmuls. ``relax.matmul(x, W)`` in a function's dataflow blocks with ``W`` a Constant (or a
 weight parameter past ``num_input``, ``relay_passes.lift_weights``: then ``W'`` is a ``reshape``
@@ -32,10 +33,10 @@ halves GEMVEpilogueFusion wants plain), are left alone; a decoder's chain of GEM
 GEMV that shares its wave with another (parallel branches, Llama's Q, K, V) is split only with
 ``parallel``: the wave spreads over the vEUs with no step added, and what the model predicts for
 splitting it is close (the 16-GEMV branches demo: 13.17 -> 13.06 us), a choice for a measurement;
-the pipeline leaves them. S: the divisor of K (``K / S >= min_rows``)
-with the least time as the cost model charges it (``scheduling.cost_model.rtask_time_us``: each
-rTask reads its share of the weight at its vEU's share of ``mem_bw``, plus ``rtask_us``, in
-``ceil(wave * S / veus)`` rounds), the smallest among equals; so one round of fewer rTasks than
+the pipeline leaves them. S: the divisor of K (``K / S >= min_rows``) with the least time as
+the cost model charges it (``scheduling.cost_model.rtask_time_us``: each rTask reads its share
+of the weight at its vEU's share of ``mem_bw``, plus ``rtask_us``, in ``ceil(wave * S / veus)``
+rounds), the smallest among equals; so one round of fewer rTasks than
 the vEUs beats two rounds of a few more (GPT-2 small's fc2: S 8, 384 rTasks, 2.7 us; S 12, 576
 rTasks, two rounds, 3.9 us). Only where it pays: that time falls by more than ``step_us``, the
 dependent step the sum adds (the pipeline: a barrier and a dependent rTask). A small model's

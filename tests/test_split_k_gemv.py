@@ -157,9 +157,14 @@ def test_split_gemv_matches_numpy_on_llvm(dtype, out_dtype):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
 
 
+def _shifted(*args):
+    """The negative control's partial: W's block b meets x's block b + 1."""
+    return partial_func(*args, block_shift=1)
+
+
 def test_row_blocks_in_the_wrong_order_are_detected(monkeypatch):
     """Negative control: the partial reading x's block b + 1 for W's block b gives other sums."""
-    monkeypatch.setattr(pass_module, "partial_func", lambda *args: partial_func(*args, block_shift=1))
+    monkeypatch.setattr(pass_module, "partial_func", _shifted)
     before, w, b = _gemv_module(k=256, n=48)
     after = SplitKGEMV(veus=64, min_rows=16)(before)
     x = np.random.default_rng(1).standard_normal((1, 1, 256)).astype("float32")
@@ -256,7 +261,8 @@ def test_the_pipeline_fills_the_vdevices_veus():
     assert split_k_passes(target, RammerConfig(num_sms=4, veus_per_sm=4))[0].veus == VEUS
     assert split_k_passes(target, RammerConfig(split_k=False)) == []
     names = [p.info.name for p in rammer_passes(target, RammerConfig(num_sms=132))]
-    assert names.index("FoldConstantOps") < names.index("SplitKGEMV") < names.index("MemoLegalizeOps")
+    assert names.index("FoldConstantOps") < names.index("SplitKGEMV") \
+        < names.index("MemoLegalizeOps")
     assert "SplitKGEMV" not in [p.info.name for p in graph_passes(RammerConfig(split_k=False),
                                                                   [full])]
 
@@ -302,7 +308,7 @@ def test_reduced_gpt2_on_the_emulator_matches_onnxruntime(monkeypatch):
     assert "split_k_partial" in build.cuda_source
     for p in (0, GPT2["max_len"] - 1):
         assert max(errors(build, p)) <= 1e-4, p
-    monkeypatch.setattr(pass_module, "partial_func", lambda *args: partial_func(*args, block_shift=1))
+    monkeypatch.setattr(pass_module, "partial_func", _shifted)
     assert errors(emulator.emulation_build(model, config=config), 6)[0] > 1e-3
 
 
