@@ -45,6 +45,28 @@ def test_a_float32_model_is_left_as_it_is(name):
     tvm.ir.assert_structural_equal(Float16Accumulation()(mod), mod)
 
 
+def test_a_float16_module_without_matmuls_or_that_mixed_precision_rejects_is_left_as_it_is(
+        monkeypatch):
+    """No float16 matmul: nothing to accumulate (ToMixedPrecision not run). A module
+    ToMixedPrecision raises on (forced here): returned as it is, no traceback."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(out)
+    plain = bb.get()
+    assert is_float16_model(plain)
+    tvm.ir.assert_structural_equal(Float16Accumulation()(plain), plain)
+
+    def fails(**_):
+        raise tvm.error.InternalError("Check failed: (tensor) is false")
+
+    monkeypatch.setattr(relax.transform, "ToMixedPrecision", fails)
+    mod = _import("gpt2_decode", "float16")
+    tvm.ir.assert_structural_equal(Float16Accumulation()(mod), mod)
+
+
 def test_bert_in_float16_is_a_float16_model_by_its_output():
     """bert_base's inputs are int64 (ids, mask): its float16 hidden state says it."""
     assert is_float16_model(_import("bert_base", "float16"))
