@@ -101,7 +101,8 @@ class RammerConfig:
         looking inside the kernel; every choice is still made on the uninstrumented kernels.
     precision: "float32" (default) or "float16": the model is converted with Relax
         ``ToMixedPrecision`` (float16 storage, float32 accumulation in conv2d/matmul), whose GEMMs
-        then get tensor-core rKernel versions on sm_80+ targets.
+        then get tensor-core rKernel versions on sm_80+ targets. A float16 model (a float16
+        export) gets the same at "float32" (``relay_passes.float16_accumulate``).
     coarsen_below_veus: False (default): an rKernel version is offered coarsened (several thread
         blocks per rTask, ``rkernels.coarsenings``) only while its rTasks still number at least the
         vEUs the device holds of it (SMs x the vEUs per SM its threads and shared memory allow), so
