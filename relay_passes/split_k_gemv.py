@@ -183,7 +183,7 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
     values = {b.var: b.value for b in bindings}
     plan = {}
     for j, (n, call, m, k, nn) in enumerate(matmuls):
-        if m != 1 or rtasks[j] >= veus:
+        if m != 1 or k == 0 or nn == 0 or rtasks[j] >= veus:  # zero-size: nothing to read
             continue
         if leave_norm_rows and _is_norm_row(call.args[0], values.get):
             continue
@@ -203,16 +203,19 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
     return plan
 
 
-def partial_func(x_shape, s: int, n: int, in_dtype: str, out_dtype: str, block_shift: int = 0):
-    """The partial GEMV over ``s`` row blocks: ``x`` of shape ``x_shape`` ``[1, ..., 1, K]``,
-    ``w`` ``[s, K/s, n]`` -> ``p [s, 1, n]`` with ``p[b, 0, j] = sum_k x[.., b * K/s + k] *
+def partial_func(x_shape, s: int, n: int, in_dtype: str, out_dtype: str, block_shift: int = 0,
+                 w_dtype: str | None = None):
+    """The partial GEMV over ``s`` row blocks: ``x`` of shape ``x_shape`` ``[1, ..., 1, K]``
+    (``in_dtype``), ``w`` ``[s, K/s, n]`` (``w_dtype``, default ``in_dtype``: a matmul with an
+    out_dtype may take two) -> ``p [s, 1, n]`` with ``p[b, 0, j] = sum_k x[.., b * K/s + k] *
     w[b, k, j]``, accumulated in ``out_dtype`` (inputs cast to it, as a legalized matmul with an
     out_dtype). A PrimFunc (unscheduled). ``block_shift`` (tests' negative control only): W's
     block b meets x's block ``(b + block_shift) mod s``."""
+    w_dtype = w_dtype or in_dtype
     rows = int(x_shape[-1]) // s
     i64 = [tvm.tirx.IntImm("int64", d) for d in (s, rows, n, 1)]  # as legalized operators' buffers
     x = te.placeholder([tvm.tirx.IntImm("int64", int(d)) for d in x_shape], in_dtype, name="x")
-    w = te.placeholder(i64[:3], in_dtype, name="w")
+    w = te.placeholder(i64[:3], w_dtype, name="w")
     k = te.reduce_axis((tvm.tirx.IntImm("int64", 0), i64[1]), name="k")
     lead = [tvm.tirx.IntImm("int64", 0)] * (len(x_shape) - 1)
 
@@ -220,7 +223,7 @@ def partial_func(x_shape, s: int, n: int, in_dtype: str, out_dtype: str, block_s
         return (b + block_shift) % i64[0] if block_shift else b
 
     def cast(value):
-        return value if in_dtype == out_dtype else value.astype(out_dtype)
+        return value if value.dtype == out_dtype else value.astype(out_dtype)
 
     p = te.compute((i64[0], i64[3], i64[2]), lambda b, i, j: te.sum(
         cast(x[(*lead, block(b) * rows + k)]) * cast(w[b, k, j]), axis=k), name="split_k_partial")
@@ -238,11 +241,12 @@ class _Rewriter(relax.PyExprMutator):
         self.funcs = {}
         self.rewrites = 0
 
-    def _partial(self, x_shape, s, n, in_dtype, out_dtype):
-        key = (tuple(x_shape), s, n, in_dtype, out_dtype)
+    def _partial(self, x_shape, s, n, in_dtype, out_dtype, w_dtype):
+        key = (tuple(x_shape), s, n, in_dtype, out_dtype, w_dtype)
         if key not in self.funcs:
             self.funcs[key] = self.builder_.add_func(
-                partial_func(x_shape, s, n, in_dtype, out_dtype), "split_k_partial")
+                partial_func(x_shape, s, n, in_dtype, out_dtype, w_dtype=w_dtype),
+                "split_k_partial")
         return self.funcs[key]
 
     def _weight_blocks(self, weight, s):
@@ -266,7 +270,7 @@ class _Rewriter(relax.PyExprMutator):
         out_shape = _static_shape(call)
         dtype = str(call.ty.dtype)
         acc = "float32" if dtype == "float16" else dtype
-        func = self._partial(_static_shape(x), s, n, str(x.ty.dtype), acc)
+        func = self._partial(_static_shape(x), s, n, str(x.ty.dtype), acc, str(weight.ty.dtype))
         partial = self.builder_.emit(relax.call_tir(
             func, [x, self._weight_blocks(weight, s)], relax.TensorType((s, 1, n), acc)))
         total = relax.op.sum(partial, axis=[0], keepdims=len(out_shape) == 3)

@@ -157,9 +157,36 @@ def test_split_gemv_matches_numpy_on_llvm(dtype, out_dtype):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
 
 
-def _shifted(*args):
+def test_a_matmul_of_two_dtypes_is_split_with_the_weights_own():
+    """relax.matmul with an out_dtype takes x and W of different dtypes (here x float16, W
+    float32): the partial reads W as its own dtype (it took x's: a type mismatch from inside
+    TVM's CallTIRRewrite)."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((256, 48)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 256), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(w), out_dtype="float32"))
+        bb.emit_func_output(out)
+    after = SplitKGEMV(veus=64, min_rows=16)(bb.get())
+    assert "split_k_partial" in after.script()
+    xs = rng.standard_normal((1, 256)).astype("float16")
+    got = _llvm(after)["main"](tvm.runtime.tensor(xs)).numpy()
+    np.testing.assert_allclose(got, xs.astype("float32") @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_zero_size_gemv_is_left_alone():
+    """N = 0 (or K = 0): nothing to read, nothing split (N = 0 divided by zero rTasks)."""
+    for k, n in ((64, 0), (0, 32)):
+        before, _, _ = _gemv_module(k=k, n=n, bias=False)
+        assert plan_splits(before["main"], veus=8, min_rows=8) == {}
+        assert SplitKGEMV(veus=8, min_rows=8)(before).same_as(before)
+
+
+def _shifted(*args, **kwargs):
     """The negative control's partial: W's block b meets x's block b + 1."""
-    return partial_func(*args, block_shift=1)
+    return partial_func(*args, block_shift=1, **kwargs)
 
 
 def test_row_blocks_in_the_wrong_order_are_detected(monkeypatch):
