@@ -8,7 +8,7 @@ import pytest
 from tvm_rammer.checks.node_suite import (DEFAULT_FAILS, NOT_IMPORTED, OK, PROBLEMS, TIMEOUT,
                                    format_summary, node_cases, run_cases, select, summarize)
 
-SAMPLE, SEED = 300, 0
+SAMPLE, SEED = 150, 0  # 300 until 2026-11-28 (CI time); the whole suite: the README
 # one pattern per cause found on the whole suite (see the README's status section)
 ONCE_FAILED = (
     r"test_(slice|tile|unsqueeze|range|expand|compress|squeeze)\w*",   # symbolic shapes reordered
@@ -18,6 +18,7 @@ ONCE_FAILED = (
     r"test_(mvn|mvn_expanded|sum_example|sum_two_inputs)",             # reductions as kernels
     r"test_maxunpool_export_without_output_shape",                     # an rProgram of views
     r"test_tri[lu]_zero",                                              # zero-size Trilu
+    r"test_clip_(example|outbounds)",                                  # scalar rows (NormGEMVFusion)
 )
 
 
