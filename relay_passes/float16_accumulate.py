@@ -6,15 +6,18 @@ the GEMVs TVM schedules for them sum in float16 (dlight's reduction buffers take
 dtype); PyTorch's float16 matmul sums in float32 (issue 34: "accumulation in fp32 either way").
 
 Input: Relax with high-level ops (before LegalizeOps). When ``main`` takes or returns a float16
-tensor (a float16 model's caches, logits, hidden state) and has a float16 matmul or convolution,
-the module goes through ``relax.transform.ToMixedPrecision(out_dtype="float32")``, what
-``RammerConfig(precision="float16")`` runs on a float32 model: each matmul reads float16,
-accumulates and writes float32, and a cast back to float16 follows it; on an already float16
-graph it adds only those casts of the matmuls' [1, N] results (no cast of a cache). Any other
-module is returned as it is, and so is one ToMixedPrecision fails on (it raises on some shape
-computations, e.g. the ONNX node test ``test_range_float16_type_positive_delta``; such a module
-keeps float16 sums rather than failing to compile).
+tensor (a float16 model's caches, logits, hidden state), each matmul or convolution of float16
+operands with a float16 result, in every Relax function, becomes the same call with
+``out_dtype="float32"`` followed by a cast back to float16 (the form
+``relax.transform.ToMixedPrecision(out_dtype="float32")`` gives such a call, what
+``RammerConfig(precision="float16")`` runs on a float32 model). Nothing else changes: a part the
+export computes in float32 on purpose (HF Llama's rotary angles ``inv_freq.float() @
+positions.float()``, an upcast RMSNorm or softmax) stays float32, where ToMixedPrecision would
+cast a float32 matmul's operands to float16 (position 2049 read as 2048). Any other module is
+returned as it is.
 """
+
+import inspect
 
 import tvm
 from tvm import relax
@@ -41,28 +44,53 @@ def is_float16_model(mod: tvm.IRModule) -> bool:
     return any(_has_float16(p.ty) for p in main.params) or _has_float16(main.ret_ty)
 
 
-def _sums_in_float16(func: relax.Function) -> bool:
-    """Whether ``func`` has a matmul or convolution of float16 operands."""
-    found = []
+def _float16_sum(call) -> bool:
+    """Whether ``call`` is a matmul or convolution of float16 operands with a float16 result."""
+    return (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+            and any(call.op.same_as(op) for op in _ACCUMULATING)
+            and isinstance(call.ty, relax.TensorType) and str(call.ty.dtype) == "float16"
+            and all(isinstance(a.ty, relax.TensorType) and str(a.ty.dtype) == "float16"
+                    for a in call.args))
 
-    def visit(expr):
-        if isinstance(expr, relax.Call) and any(expr.op.same_as(op) for op in _ACCUMULATING) \
-                and any(_has_float16(arg.ty) for arg in expr.args):
-            found.append(expr)
 
-    relax.analysis.post_order_visit(func.body, visit)
-    return bool(found)
+def _accumulating_in_float32(call):
+    """``call`` rebuilt with ``out_dtype="float32"`` (the other attributes kept)."""
+    if call.op.same_as(_ACCUMULATING[0]):
+        return relax.op.matmul(*call.args, out_dtype="float32")
+    build = getattr(relax.op.nn, call.op.name.split(".")[-1])
+    kept = [name for name in inspect.signature(build).parameters
+            if name not in ("data", "weight", "out_dtype") and hasattr(call.attrs, name)]
+    return build(*call.args, **{name: getattr(call.attrs, name) for name in kept},
+                 out_dtype="float32")
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Each float16 sum (:func:`_float16_sum`) -> the float32-accumulating call, cast back."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.changed = False
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not _float16_sum(call):
+            return call
+        self.changed = True
+        wide = self.builder_.emit(_accumulating_in_float32(call))
+        return relax.op.astype(wide, "float16")
 
 
 @tvm.transform.module_pass(opt_level=0, name="Float16Accumulation")
 class Float16Accumulation:
-    """ToMixedPrecision(out_dtype="float32") for a float16 model (module docstring), else
-    nothing."""
+    """Float16 matmuls and convolutions of a float16 model accumulate in float32 (module
+    docstring); any other module, nothing."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not is_float16_model(mod) or not _sums_in_float16(mod["main"]):
+        if not is_float16_model(mod):
             return mod
-        try:
-            return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
-        except (RuntimeError, TypeError, ValueError):  # TVM's errors: left with its float16 sums
-            return mod
+        rewriter = _Rewriter(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        return rewriter.builder_.get() if rewriter.changed else mod
