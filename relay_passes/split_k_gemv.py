@@ -45,7 +45,9 @@ NormGEMVFusion runs) a GEMV whose row is a row norm is left to that pass, which 
 its prologue (no step of its own, and its schedule already has N / vec rTasks: GPT-2 small's QKV
 576): a *row norm* is ``layer_norm`` / ``rms_norm``, or elementwise ops (casts, multiply, add,
 divide, sqrt, rsqrt, power) over a ``mean`` / ``sum`` / ``variance`` of the last axis (an RMSNorm
-as exported), within a few bindings of the row.
+as exported), within a few bindings of the row. Only where that pass can take it: the row within
+its ``MAX_ROW_BYTES``, no output of the function, read by weight matmuls alone (a post-LN norm
+also read by the residual add is split: the fusion leaves it a step of its own).
 
 In: Relax with high-level ops, after ToMixedPrecision and FoldConstantOps (the weights constants
 of their final dtype), before LegalizeOps. ``veus``: the vEUs to fill (``driver.pipeline``: the
@@ -60,6 +62,7 @@ import tvm
 from tvm import relax, te
 
 from .lift_weights import weight_params
+from .norm_gemv import MAX_ROW_BYTES
 
 __all__ = ["SplitKGEMV", "plan_splits"]
 
@@ -150,6 +153,19 @@ def _is_norm_row(expr, lookup, depth: int = 8) -> bool:
     return False
 
 
+def _fusable_norm_row(x, k, readers, values, outputs) -> bool:
+    """``x`` (a matmul's row, K values) is a row norm NormGEMVFusion can take: a row norm whose
+    normalised row fits ``MAX_ROW_BYTES``, not an output of the function, read only as the row of
+    weight matmuls (a norm also read by a residual add, as in a post-LN block, stays a step of its
+    own there, so its GEMVs are split)."""
+    if not isinstance(x, relax.Var) or x in outputs or not _is_norm_row(x, values.get):
+        return False
+    if k * np.dtype(str(x.ty.dtype)).itemsize > MAX_ROW_BYTES:
+        return False
+    return all(_is_matmul(values[r]) and values[r].args[0].same_as(x)
+               and not values[r].args[1].same_as(x) for r in readers.get(x, ()))
+
+
 def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
                 min_rows: int = 32, step_us: float = 0.0, mem_bw_gbps: float = 3000.0,
                 rtask_us: float = 0.0, leave_norm_rows: bool = False,
@@ -171,13 +187,16 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
     bit = {n: 1 << j for j, (n, *_) in enumerate(matmuls)}
     position = {b.var: n for n, b in enumerate(bindings)}
     ancestors = [0] * len(bindings)
+    readers = {}  # var -> the vars of the bindings reading it
     for n, binding in enumerate(bindings):
         acc = 0
         for var in relax.analysis.free_vars(binding.value):
+            readers.setdefault(var, []).append(binding.var)
             d = position.get(var)
             if d is not None:
                 acc |= ancestors[d] | bit.get(d, 0)
         ancestors[n] = acc
+    outputs = set(relax.analysis.free_vars(body.body))
     rtasks = [_ceil(m, columns_per_rtask) * _ceil(nn, columns_per_rtask)
               for _, _, m, _, nn in matmuls]
     values = {b.var: b.value for b in bindings}
@@ -185,7 +204,7 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
     for j, (n, call, m, k, nn) in enumerate(matmuls):
         if m != 1 or k == 0 or nn == 0 or rtasks[j] >= veus:  # zero-size: nothing to read
             continue
-        if leave_norm_rows and _is_norm_row(call.args[0], values.get):
+        if leave_norm_rows and _fusable_norm_row(call.args[0], k, readers, values, outputs):
             continue
         wave = rtasks[j]
         for i, (other, *_) in enumerate(matmuls):

@@ -136,6 +136,33 @@ def test_a_gemv_after_a_row_norm_is_left_to_the_norm_fusion(norm, left):
     assert list(plan_splits(func, 8, min_rows=8).values()) == [4]
 
 
+def _layer_norm_gemv(k=K, residual=False):
+    """main(x [1, 1, k]) = layer_norm(x) @ W [k, N] (``residual``: plus layer_norm(x)[.., :N],
+    the norm also read by an add, as in a post-LN block)."""
+    rng = np.random.default_rng(0)
+    g = relax.const(np.ones(k, "float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            row = bb.emit(relax.op.nn.layer_norm(x, g, g, axes=[-1]))
+            y = bb.emit(relax.op.matmul(row, relax.const(
+                rng.standard_normal((k, N)).astype("float32"))))
+            if residual:
+                y = bb.emit(relax.op.add(y, relax.op.strided_slice(row, [2], [0], [N])))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_norm_the_fusion_cannot_take_does_not_stop_the_split():
+    """leave_norm_rows leaves only what NormGEMVFusion takes: a norm also read by a residual add
+    (post-LN) or a row past its 16 KB (K 8192 float32) would be neither fused nor split."""
+    assert plan_splits(_layer_norm_gemv()["main"], 8, min_rows=8, leave_norm_rows=True) == {}
+    for func in (_layer_norm_gemv(residual=True)["main"], _layer_norm_gemv(k=8192)["main"]):
+        assert plan_splits(func, 8, min_rows=8, leave_norm_rows=True) != {}
+
+
 def _llvm(mod):
     mod = relax.transform.LegalizeOps()(mod)
     return relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
