@@ -22,7 +22,7 @@ import inspect
 import tvm
 from tvm import relax
 
-__all__ = ["Float16Accumulation", "is_float16_model"]
+__all__ = ["Float16Accumulation", "ToMixedPrecisionChecked", "is_float16_model"]
 
 _ACCUMULATING = tuple(tvm.ir.Op.get(f"relax.{name}") for name in (
     "matmul", "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose"))
@@ -94,3 +94,20 @@ class Float16Accumulation:
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return rewriter.builder_.get() if rewriter.changed else mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="ToMixedPrecisionChecked")
+class ToMixedPrecisionChecked:
+    """``relax.transform.ToMixedPrecision(out_dtype="float32")`` (``precision="float16"``: float16
+    storage, matmuls and convolutions accumulating in float32); a module TVM's pass cannot
+    convert (it raises on some shape computations, e.g. ONNX Range of float inputs) is a
+    ValueError of one line saying so and to compile at float32 precision, not TVM's traceback."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        try:
+            return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+        except (RuntimeError, TypeError, ValueError) as err:  # TVM's errors
+            first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            raise ValueError(f"precision float16: TVM's ToMixedPrecision cannot convert this "
+                             f"model ({first}); compile it with --precision float32 "
+                             f"(RammerConfig(precision='float32'))") from None

@@ -127,3 +127,23 @@ def test_reduced_float16_gpt2_through_the_graph_passes_matches_onnxruntime_on_ll
     got = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input])
     errors = [relative_error(g.numpy(), r) for g, r in zip(got, onnx_reference(model, feeds))]
     assert max(errors) <= 2e-2, errors
+
+
+def test_precision_float16_on_a_model_mixed_precision_rejects_is_one_clear_error():
+    """ONNX Range of float inputs: TVM's ToMixedPrecision raises ('Expected TensorType, but got
+    R.Shape'); at precision="float16" that is a ValueError saying to compile at float32, not
+    TVM's traceback."""
+    from onnx import TensorProto, helper
+
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import mixed_precision_passes
+
+    graph = helper.make_graph(
+        [helper.make_node("Range", ["start", "limit", "delta"], ["y"])], "range",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [])
+         for n in ("start", "limit", "delta")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    mod = import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(ValueError, match="precision float16: .*ToMixedPrecision.*float32"):
+        tvm.transform.Sequential(mixed_precision_passes(RammerConfig(precision="float16")))(mod)

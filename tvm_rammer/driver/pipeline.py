@@ -32,7 +32,7 @@ from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.cache_write import CacheSlotWrite
 from relay_passes.decode_attention import DecodeAttentionSplit
-from relay_passes.float16_accumulate import Float16Accumulation
+from relay_passes.float16_accumulate import Float16Accumulation, ToMixedPrecisionChecked
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
 from relay_passes.gemv_epilogue import GEMVEpilogueFusion
@@ -165,10 +165,11 @@ def inference_passes() -> list:
 
 def mixed_precision_passes(config: RammerConfig) -> list:
     """``[ToMixedPrecision(out_dtype="float32")]`` for ``precision="float16"`` (float16 storage,
-    conv2d/matmul accumulating in float32), else Float16Accumulation (the same for a model that is
-    float16 already, e.g. a float16 export; nothing for any other)."""
+    conv2d/matmul accumulating in float32; a model it cannot convert: ValueError), else
+    Float16Accumulation (the same for a model that is float16 already, e.g. a float16 export;
+    nothing for any other)."""
     if config.precision == "float16":
-        return [relax.transform.ToMixedPrecision(out_dtype="float32")]
+        return [ToMixedPrecisionChecked()]
     return [Float16Accumulation()]
 
 
