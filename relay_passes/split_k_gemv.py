@@ -24,8 +24,9 @@ where the result is float16 (then cast back once, after the sum). The summation 
 Which matmuls. ``relax.matmul(x, W)`` in a function's dataflow blocks with ``W`` a Constant (or a
 weight parameter past ``num_input``, ``relay_passes.lift_weights``: then ``W'`` is a ``reshape``
 binding on it, which LiftWeightTransforms moves into ``transform_params``) of static shape
-``[K, N]``, and ``x`` of static shape ``[1, ..., 1, K]`` (one row: M = 1, batch 1; never a GEMM),
-when the GEMVs that may run at the same time as it do not fill the vEUs: its *wave* (its own
+``[K, N]`` (or a cast / transpose of a weight parameter: weights apart at precision float16,
+a transposed weight; LiftWeightTransforms moves both), and ``x`` of static shape
+``[1, ..., 1, K]`` (one row: M = 1, batch 1; never a GEMM), when the GEMVs that may run at the same time as it do not fill the vEUs: its *wave* (its own
 estimated rTasks plus those of every matmul with a weight that is neither its ancestor nor its
 descendant in the dataflow, estimated ``ceil(M / c) * ceil(N / c)``, ``c = columns_per_rtask``)
 is below ``veus``. So an RNN's GEMVs, which its wavefront runs side by side (and whose recurrent
@@ -128,6 +129,7 @@ def _choose_s(k, nbytes, own, wave, veus, min_rows, cost):
     return best if saved > cost[0] else None
 
 
+_WEIGHT_TRANSFORMS = {"relax.astype", "relax.permute_dims"}
 _NORMS = {"relax.nn.layer_norm", "relax.nn.rms_norm"}
 _ROW_REDUCTIONS = {"relax.mean", "relax.sum", "relax.variance"}
 _ELEMENTWISE = {"relax.astype", "relax.multiply", "relax.add", "relax.subtract", "relax.divide",
@@ -176,6 +178,11 @@ def plan_splits(func: relax.Function, veus: int, columns_per_rtask: int = 16,
     if not isinstance(body, relax.SeqExpr):
         return {}
     bindings = [b for block in body.blocks for b in block.bindings]
+    for b in bindings:  # a weight's cast / transpose (ToMixedPrecision's) is a weight too
+        value = b.value
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+                and value.op.name in _WEIGHT_TRANSFORMS and value.args[0] in weights:
+            weights.add(b.var)
     matmuls = []  # (binding index, call, M, K, N)
     for n, binding in enumerate(bindings):
         found = _weight_matmul(binding.value, weights)
