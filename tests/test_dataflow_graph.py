@@ -159,11 +159,11 @@ def test_placeable_requires_prim_func_in_module():
 
 
 
-def _in_place_write(read_elsewhere):
+def _in_place_write(read_elsewhere, returned=False):
     """main(cache, new, index): the cache written in place at ``index`` (the call_tir_inplace of
     ``cache_write.slot_write_inplace``, as CacheSlotWrite(inplace=True) emits it), then exp,
     scheduled for the GPU; with ``read_elsewhere`` the exp's input also adds the old cache (which
-    the pass itself never writes in place)."""
+    the pass itself never writes in place); with ``returned`` main also returns the old cache."""
     from relay_passes.cache_write import slot_write_inplace
 
     cache = relax.Var("cache", relax.TensorType((1, 2, 4, 3), "float32"))
@@ -179,7 +179,7 @@ def _in_place_write(read_elsewhere):
             if read_elsewhere:
                 out = bb.emit(relax.op.add(out, cache))
             out = bb.emit_output(relax.op.exp(out))
-        bb.emit_func_output(out)
+        bb.emit_func_output(relax.Tuple([out, cache]) if returned else out)
     return ob.gpu_schedule(relax.transform.LegalizeOps()(bb.get()))
 
 
@@ -197,4 +197,12 @@ def test_an_in_place_write_is_a_node_whose_output_takes_its_inputs_bytes():
     assert write.index in reader.preds and write.outputs[0] != write.inputs[0]
     bad = graph_of(_in_place_write(read_elsewhere=True))
     write = next(n for n in bad.nodes if n.kind == "call_tir_inplace")
+    assert not write.placeable and "read elsewhere" in write.reason
+
+
+def test_an_in_place_write_into_a_cache_main_also_returns_is_not_placeable():
+    """The old cache is a result of main too: written in place, that result would be the new
+    contents; not placeable, and says why."""
+    g = graph_of(_in_place_write(read_elsewhere=False, returned=True))
+    write = next(n for n in g.nodes if n.kind == "call_tir_inplace")
     assert not write.placeable and "read elsewhere" in write.reason
