@@ -62,6 +62,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from .known_values import static_shape
 from .lift_weights import weight_params
 from .norm_gemv import MAX_ROW_BYTES
 
@@ -73,15 +74,7 @@ CONSTANT = tvm.ir.expr.Constant
 
 def _static_shape(expr):
     """Dims of a tensor expr as ints, or None when the shape is not static."""
-    shape = getattr(expr.ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return dims
+    return static_shape(expr.ty)
 
 
 def _is_matmul(value):

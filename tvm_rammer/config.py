@@ -57,7 +57,8 @@ class RammerConfig:
         weight, alone in its wave, with fewer rTasks than the vEUs (a decode step's: GPT-2
         small's fc2, 48 of 528) becomes a partial GEMV over S row blocks of W (S x the rTasks)
         and a sum that fuses with its epilogue, where the cost model says it pays; with
-        ``norm_fusion`` a GEMV after a LayerNorm / RMSNorm is left to NormGEMVFusion.
+        ``fusion`` and ``norm_fusion`` a GEMV after a LayerNorm / RMSNorm that NormGEMVFusion
+        takes is left to it.
     launch_us / barrier_us: cost-model constants (H100 measurements: 4.06 us per kernel launch of
         TVM's default pipeline, 0.8 us per point-to-point flag wait).
     l2_bw_gbps: the L2 read bandwidth the cost model charges re-read weights at; None = the cost
