@@ -38,6 +38,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
+from tir_templates.norm_gemv import norm_gemv_shape
+
 from .branch_fusion import BROADCAST, INJECTIVE, callee_pattern
 from .dataflow_graph import CALL_TIR, DataflowGraph
 from .lift_weights import weight_params
@@ -54,8 +56,8 @@ class NormGEMVFusion:
     ``max_row_bytes``: the largest normalised row (K x its dtype's bytes) fused; every rTask
     keeps it in shared memory (16 KB: Llama-70B's d_model 8192 in float16)."""
 
-    def __init__(self, max_row_bytes: int = MAX_ROW_BYTES):
-        self.max_row_bytes = max_row_bytes
+    def __init__(self, max_row_bytes: int = MAX_ROW_BYTES, max_threads: int = 256):
+        self.max_row_bytes, self.max_threads = max_row_bytes, max_threads
 
     def transform_module(self, mod, ctx):
         """Find the fusable norms of main and emit one fused function per GEMV reader."""
@@ -65,7 +67,7 @@ class NormGEMVFusion:
             graph = DataflowGraph.from_function(mod["main"], mod)
         except ValueError:  # control flow in main: nothing to fuse
             return mod
-        fusions = find_fusions(graph, self.max_row_bytes)
+        fusions = find_fusions(graph, self.max_row_bytes, self.max_threads)
         if not fusions:
             return mod
         return _emit(mod, graph, fusions)
@@ -168,8 +170,9 @@ def _is_weight(tensor, weights):
 class _Gemv:
     """A GEMV node: its matmul callee and the tensor it reads as the matmul's row."""
 
-    def __init__(self, node, matmul, row, k, n):
+    def __init__(self, node, matmul, row, k, n, itemsize=4):
         self.node, self.matmul, self.row, self.k, self.n = node, matmul, row, k, n
+        self.itemsize = itemsize  # the weight's
 
 
 def _gemv(graph, node, weights):
@@ -199,7 +202,7 @@ def _gemv(graph, node, weights):
                 return None
     if not _is_weight(weight, weights):
         return None
-    return _Gemv(node, gvar, row, *shape)
+    return _Gemv(node, gvar, row, *shape, itemsize=np.dtype(weight.dtype).itemsize)
 
 
 def _norm(graph, node, weights):
@@ -228,9 +231,13 @@ def _norm(graph, node, weights):
     return k
 
 
-def find_fusions(graph, max_row_bytes: int = None) -> list:
+def find_fusions(graph, max_row_bytes: int = None, max_threads: int = 256) -> list:
     """[(norm node index, [_Gemv])] for every norm to fuse into its readers, in binding order
-    (a normalised row of at most ``max_row_bytes``; default :data:`MAX_ROW_BYTES`)."""
+    (a normalised row of at most ``max_row_bytes``; default :data:`MAX_ROW_BYTES`), each reader
+    one the NormGEMV rule lays out in rTasks of at most ``max_threads`` threads
+    (``norm_gemv_shape``): a fused function it cannot schedule would go to dlight's generic rules,
+    which make two kernels with the row's statistics in a global buffer (a fuzz graph's
+    ``x - max(x)`` into a 48 x 48 GEMV at 64 threads: the emulator cannot run that host code)."""
     max_row_bytes = MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes
     weights = frozenset(weight_params(graph.func))
     fusions = []
@@ -247,6 +254,8 @@ def find_fusions(graph, max_row_bytes: int = None) -> list:
             continue
         # the norm's output read only as each GEMV's row (not also as a bias or residual)
         if any(sum(t == node.outputs[0] for t in g.node.inputs) != 1 for g in gemvs):
+            continue
+        if any(norm_gemv_shape(g.n, k, g.itemsize, max_threads) is None for g in gemvs):
             continue
         fusions.append((node.index, gemvs))
     return fusions

@@ -152,6 +152,17 @@ def test_a_row_past_the_shared_memory_limit_is_left_alone():
     assert "fused_norm_fused_matmul_add" in _calls(NormGEMVFusion(max_row_bytes=256)(mod)["main"])
 
 
+def test_a_gemv_the_rule_cannot_lay_out_in_whole_warps_is_left_alone():
+    """Fused, it would go to dlight's generic rules (two kernels, the statistics in a global
+    buffer: a fuzz graph's norm-like ``x - max(x)`` before a 48 x 48 GEMV at 64 threads)."""
+    from tir_templates.norm_gemv import norm_gemv_shape
+
+    mod = _grouped(_high_level())  # K = 64
+    assert norm_gemv_shape(N, K, 4, 16) is None and norm_gemv_shape(N, K, 4, 256) is not None
+    tvm.ir.assert_structural_equal(NormGEMVFusion(max_threads=16)(mod), mod)
+    assert "fused_norm_fused_matmul_add" in _calls(NormGEMVFusion(max_threads=256)(mod)["main"])
+
+
 def test_the_pass_and_the_rule_are_in_the_rammer_pipeline_and_the_flag_turns_them_off():
     from tvm_rammer import cli
     from tvm_rammer.config import RammerConfig

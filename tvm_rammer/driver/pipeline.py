@@ -106,7 +106,7 @@ def graph_passes(config: RammerConfig, split_k: list | tuple = ()) -> list:
         fusion.append(GEMVEpilogueFusion(config.max_rtask_threads))  # after the groups: cell = 1 op
         fusion += lift                                 # weights apart: its interleave -> transform
     if config.fusion and config.norm_fusion:
-        fusion.append(NormGEMVFusion())                # after the groups: norm = each GEMV's prologue
+        fusion.append(NormGEMVFusion(max_threads=config.max_rtask_threads))  # norm = each GEMV's prologue
     split_matmul = [SplitMatMulOverConcat()] if config.split_concat_matmul else []
     if config.batch_shared_matmuls:
         split_matmul.append(BatchSharedWeightMatMuls())  # after the split: input halves share W_x
