@@ -16,7 +16,9 @@ pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
     reason="the emulator builds kernels with a C++ compiler (none on PATH)")
 
-GRAPHS, SEED = 50, 0  # more: benchmarks/results/fuzz-*.json (1,000 graphs, emulated where TVM fails)
+# 50 until 2026-11-28 (CI time: 152 s of a worker); more: benchmarks/results/fuzz-*.json (1,000
+# graphs, emulated where TVM fails)
+GRAPHS, SEED = 30, 0
 
 
 def test_emulated_options_make_the_vdevice_small():
@@ -26,7 +28,7 @@ def test_emulated_options_make_the_vdevice_small():
     assert fuzz.emulated_options({**big, "num_sms": 1})["num_sms"] == 1
 
 
-def test_fifty_fuzz_graphs_run_on_the_emulator(tmp_path):
+def test_thirty_fuzz_graphs_run_on_the_emulator(tmp_path):
     result = fuzz.fuzz(GRAPHS, SEED, jobs=2, trials=2, out_dir=str(tmp_path), progress=False,
                        emulate=True)
     detail = [(f["index"], f["stage"], f["problems"][:1]) for f in result["failures"]]
