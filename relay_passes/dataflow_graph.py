@@ -197,6 +197,17 @@ class DataflowGraph:
         """Build the graph of `func` (normally `mod["main"]`); ValueError unless dataflow form."""
         return _GraphBuilder(func, mod).build()
 
+    @staticmethod
+    def of_main(mod):
+        """The graph of ``mod["main"]``, or None when ``mod`` has no main or main is not in
+        dataflow form (control flow): what a rewrite pass then leaves as it is."""
+        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+            return None
+        try:
+            return DataflowGraph.from_function(mod["main"], mod)
+        except ValueError:
+            return None
+
     def consumers(self, tensor):
         """Indices of the nodes that read `tensor` (alias nodes included), in binding order."""
         return list(self._consumers.get(tensor, []))

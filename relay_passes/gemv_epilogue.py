@@ -78,11 +78,8 @@ class GEMVEpilogueFusion:
 
     def transform_module(self, mod, ctx):
         """Find the fusable GEMVs of main and emit one fused function per GEMV and tail."""
-        if "main" not in [str(gv.name_hint) for gv in mod.functions]:
-            return mod
-        try:
-            graph = DataflowGraph.from_function(mod["main"], mod)
-        except ValueError:  # control flow in main: nothing to fuse
+        graph = DataflowGraph.of_main(mod)
+        if graph is None:  # no main, or control flow in it: nothing to fuse
             return mod
         fusions = find_fusions(graph, self.max_threads)
         if not fusions:

@@ -106,11 +106,8 @@ class InPlaceWriteFusion:
     writes (see the module docstring). No op_pattern, no Primitive group: unchanged."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
-            return mod
-        try:
-            graph = DataflowGraph.from_function(mod["main"], mod)
-        except ValueError:
+        graph = DataflowGraph.of_main(mod)
+        if graph is None:  # no main, or control flow in it: nothing to fuse
             return mod
         levels = graph.levels()
         plans = {}  # write node index -> (producer node index, group, argument position)

@@ -61,11 +61,8 @@ class NormGEMVFusion:
 
     def transform_module(self, mod, ctx):
         """Find the fusable norms of main and emit one fused function per GEMV reader."""
-        if "main" not in [str(gv.name_hint) for gv in mod.functions]:
-            return mod
-        try:
-            graph = DataflowGraph.from_function(mod["main"], mod)
-        except ValueError:  # control flow in main: nothing to fuse
+        graph = DataflowGraph.of_main(mod)
+        if graph is None:  # no main, or control flow in it: nothing to fuse
             return mod
         fusions = find_fusions(graph, self.max_row_bytes, self.max_threads)
         if not fusions:

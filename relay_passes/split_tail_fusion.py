@@ -58,11 +58,8 @@ class SplitTailFusion:
 
     def transform_module(self, mod, ctx):
         """Find the tails of main's dataflow graph and emit one fused function per tail output."""
-        if "main" not in [str(gv.name_hint) for gv in mod.functions]:
-            return mod
-        try:
-            graph = DataflowGraph.from_function(mod["main"], mod)
-        except ValueError:  # control flow in main: no waves to shorten
+        graph = DataflowGraph.of_main(mod)
+        if graph is None:  # no main, or control flow in it: nothing to fuse
             return mod
         groups = [g for tail in find_tails(graph) for g in tail_groups(graph, tail)]
         if all(len(g) == 1 for g in groups):
