@@ -57,6 +57,34 @@ def test_floor_critical_path_follows_the_longest_branch_not_the_sum():
     assert f["floor_us"] == f["critical_path_us"] and f["bound"] == "critical_path"
 
 
+def _gather_model(vocab, d, also_matmul):
+    table = numpy_helper.from_array(np.arange(vocab * d, dtype=np.float32).reshape(vocab, d), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["row"], axis=0)]
+    outputs = [helper.make_tensor_value_info("row", TensorProto.FLOAT, [1, d])]
+    if also_matmul:  # a tied LM head: the same table read whole
+        nodes.append(helper.make_node("MatMul", ["row", "table_t"], ["logits"]))
+        nodes.insert(0, helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]))
+        outputs.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, vocab]))
+    graph = helper.make_graph(nodes, "gather", [helper.make_tensor_value_info(
+        "ids", TensorProto.INT64, [1])], outputs, [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_floor_charges_a_gather_the_rows_it_reads_not_its_table():
+    vocab, d = 1000, 16
+    cost = fl.op_costs(import_onnx(_gather_model(vocab, d, also_matmul=False)))
+    # one row of the table read, the output row written, the index and the importer's small
+    # index-wrapping constants; the table is 64,000 bytes
+    assert 2 * 4 * d <= cost.io_bytes < 3 * 4 * d
+    take = max(cost.ops, key=lambda op: op.bytes)
+    assert 2 * 4 * d <= take.bytes < 3 * 4 * d
+    # control: the same table also read whole (a tied LM head) is charged whole
+    tied = fl.op_costs(import_onnx(_gather_model(vocab, d, also_matmul=True)))
+    assert tied.io_bytes >= 4 * vocab * d
+
+
 def test_nominal_peaks_are_labelled_nominal():
     h100 = fl.nominal_peaks("rammer/nvidia-h100")
     assert (h100.flops_per_s, h100.bytes_per_s, h100.measured) == (67e12, 3.35e12, False)

@@ -5,15 +5,18 @@ Input: a Relax module as imported from ONNX. ``op_costs`` runs ``LegalizeOps`` a
 through ``relay_passes.dataflow_graph.DataflowGraph``:
 
 * FLOPs of an operator: ``tvm.s_tir.analysis.estimate_tir_flops`` of its PrimFunc;
-* bytes of an operator: the sizes of its distinct tensor arguments plus its outputs.
-  A PrimFunc with a reshape pattern (``relax.analysis.has_reshape_pattern``) costs nothing: TVM's
+* bytes of an operator: of each distinct tensor argument and output, the bytes its PrimFunc
+  accesses (``scheduling.rkernels.param_bytes``: the region its blocks read or write, so a
+  Gather / ``take`` of one token reads one row of its table, not the table; the whole tensor
+  where the region cannot be bounded). A PrimFunc with a reshape pattern (``relax.analysis.has_reshape_pattern``) costs nothing: TVM's
   ``RewriteDataflowReshape`` turns it into a view, so charging it would break the bound.
 
 ``floor(costs, peaks)`` takes the largest of three bounds, none of which a schedule can beat:
 
 * compute: total FLOPs / peak FLOP/s;
-* memory: every weight and every graph input read once, every graph output written once,
-  / peak bandwidth;
+* memory: every weight and every graph input read once (the most of it any one operator
+  accesses: an embedding table that only a Gather reads costs the rows gathered), every graph
+  output written once, / peak bandwidth;
 * critical path: the longest path through the dataflow graph where each operator costs
   ``max(flops / peak, bytes / bandwidth)`` (operators on one path cannot overlap).
 
@@ -92,6 +95,25 @@ def _tensor_bytes(ty) -> float:
     return float(np.prod(dims, dtype=np.float64)) * tvm.DataType(str(ty.dtype)).bits / 8
 
 
+def _accessed_bytes(func, tensors: list) -> dict:
+    """tensor -> bytes ``func`` accesses of it (``tensors``: its call's arguments and outputs,
+    lined up with its parameters; the largest access where a tensor is passed twice); the whole
+    tensor where ``param_bytes`` cannot tell (the parameters do not line up)."""
+    from ..scheduling.rkernels import param_bytes
+
+    per = None
+    if len(tensors) == len(func.params):
+        try:
+            per = param_bytes(func)
+        except Exception:  # pylint: disable=broad-except  (an unusual PrimFunc: whole tensors)
+            per = None
+    out = {}
+    for k, t in enumerate(tensors):
+        nbytes = _tensor_bytes(t.ty) if per is None else min(float(per[k]), _tensor_bytes(t.ty))
+        out[t] = max(out.get(t, 0.0), nbytes)
+    return out
+
+
 def legalized(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` after LegalizeOps and FoldConstant: every operator a call_tir of a PrimFunc."""
     mod = relax.transform.LegalizeOps()(mod)
@@ -107,7 +129,7 @@ def op_costs(mod: tvm.IRModule, legalize: bool = True) -> GraphCost:
     graph = DataflowGraph.from_function(mod["main"], mod)
     flops_of = {}
     ops, opaque = [], []
-    io = {}
+    io, read = {}, {}
     for node in graph.nodes:
         for t in node.inputs:
             if t.producer is None:  # a weight (constant) or a graph input, read once
@@ -130,12 +152,15 @@ def op_costs(mod: tvm.IRModule, legalize: bool = True) -> GraphCost:
         if flops is None:  # a view after RewriteDataflowReshape
             ops.append(OpCost(node.index, node.name, 0.0, 0.0, tuple(node.preds)))
             continue
-        seen, nbytes = set(), 0.0
-        for t in list(node.inputs) + list(node.outputs):
-            if t not in seen:
-                seen.add(t)
-                nbytes += _tensor_bytes(t.ty)
-        ops.append(OpCost(node.index, node.name, flops, nbytes, tuple(node.preds)))
+        accessed = _accessed_bytes(func, list(node.inputs) + list(node.outputs))
+        for t in node.inputs:
+            if t.producer is None:
+                read[t] = max(read.get(t, 0.0), accessed[t])
+        ops.append(OpCost(node.index, node.name, flops, float(sum(accessed.values())),
+                          tuple(node.preds)))
+    for t, nbytes in read.items():  # read only by call_tirs: the most one of them accesses
+        if all(n.kind == "call_tir" for n in graph.nodes if t in n.inputs):
+            io[t] = min(io[t], nbytes)
     for t in graph.graph_outputs:
         io[t] = _tensor_bytes(t.ty)
     return GraphCost(tuple(ops), float(sum(io.values())), tuple(opaque))
