@@ -108,6 +108,57 @@ def test_prefetch_lines_cover_each_range_once_over_the_rtasks():
     assert prefetch_lines(((0, 100),), 0, 200) == ()  # an empty share names nothing
 
 
+def test_prefetch_lines_name_the_leading_fraction_of_each_share():
+    """Weights beyond the L2 (ROperator.prefetch_fraction < 1): each rTask names the first part
+    of its own share, so the rTasks together name that part of every share, nothing outside it."""
+    ranges = ((0, 128 * LINE),)
+    for fraction in (0.25, 0.5):
+        covered = set()
+        for r in range(4):
+            for first, lines in prefetch_lines(ranges, r, 4, fraction):
+                covered.update(range(first, first + lines))
+        want = {r * 32 + i for r in range(4) for i in range(int(32 * fraction))}
+        assert covered == want
+    assert prefetch_lines(ranges, 1, 4) == prefetch_lines(ranges, 1, 4, 1.0) == ((32, 32),)
+
+
+class _Tensor:
+    def __init__(self, shape, constant=True):
+        self.shape, self.dtype, self.is_constant, self.producer, self.expr = (
+            shape, "float16", constant, None, None)
+
+
+class _Node:
+    def __init__(self, *inputs):
+        self.inputs = list(inputs)
+
+
+def test_weights_beyond_the_l2_prefetch_the_part_that_fits():
+    """A GEMV's 64 MiB weight (over the cost model's 25 MiB L2-resident bytes) is prefetched in
+    part, 25/64 of each rTask's share, and charged that part's read; a 16 MiB weight whole
+    (control); the activation (not a weight) never."""
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.driver import prefetch
+    from tvm_rammer.scheduling.rkernels import cost_config
+
+    vdev, config = VDevice.for_arch("sm_90"), RammerConfig()
+    cost = cost_config(config, vdev)
+    l2 = cost.l2_resident_bytes
+    per_sm = vdev.occupancy(256, None, 0)
+    for mib, fraction in ((64, l2 / (64 << 20)), (16, 1.0)):
+        kernel = RKernel("gemv", 512, 256, None, 0, 100.0, "t")
+        op = ROperator(0, "gemv", [kernel])
+        node = _Node(_Tensor((1, 8192), constant=False), _Tensor((mib << 19,)))  # fp16: 2 B
+        got = prefetch.with_prefetch(op, node, lambda: [True, True, True], set(), config, vdev)
+        assert got.prefetch_inputs == (1,)
+        assert got.prefetch_fraction == pytest.approx(fraction)
+        assert got.kernels[0].prefetch_us == pytest.approx(
+            weight_read_us(fraction * (mib << 20), 512, per_sm, cost))
+    assert prefetch.prefetch_fraction(l2, l2) == 1.0
+    with pytest.raises(ValueError, match="prefetch_fraction"):
+        ROperator(0, "x", [RKernel("k", 1, 32, None, 0, 1.0, "t")], prefetch_fraction=0.0)
+
+
 def _records(table, num_veus):
     """(vEU, kind, c) of every instruction, in table order."""
     base = num_veus + 1

@@ -102,6 +102,8 @@ class ROperator:
             (input to the analytical cost model).
         prefetch_inputs: positions (among its call's arguments) of the weights its rTasks have
             prefetched into L2 across the barrier-rTask before them (``RKernel.prefetch_us``).
+        prefetch_fraction: the leading part of each rTask's share of those weights that is
+            prefetched (1: all of it; less where the weights together exceed what the L2 holds).
     """
 
     uid: int
@@ -110,8 +112,13 @@ class ROperator:
     flops: float | None = None
     bytes: float | None = None
     prefetch_inputs: tuple = ()
+    prefetch_fraction: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.prefetch_fraction, bool) or not isinstance(
+                self.prefetch_fraction, (int, float)) or not 0 < self.prefetch_fraction <= 1:
+            raise ValueError(f"ROperator {self.name!r}: prefetch_fraction must be in (0, 1], got "
+                             f"{self.prefetch_fraction!r}")
         if not isinstance(self.kernels, list) or not self.kernels:
             raise ValueError(f"ROperator {self.name!r} (uid {self.uid}) needs a non-empty list of RKernel, got {self.kernels!r}")
         for kernel in self.kernels:

@@ -168,15 +168,19 @@ class PersistentKernelSpec:
         return max(e.kernel.shared_bytes for e in self.entries)
 
 
-def prefetch_lines(ranges, rtask_id: int, num_rtasks: int) -> tuple:
+def prefetch_lines(ranges, rtask_id: int, num_rtasks: int, fraction: float = 1.0) -> tuple:
     """The <first line, lines> pairs (``cuda_helpers.PREFETCH_LINE_BYTES``-byte lines of the weights
     blob) rTask ``rtask_id`` of ``num_rtasks`` prefetches: its share ``[size * r / n,
-    size * (r + 1) / n)`` of each ``(byte offset, bytes)`` range, empty shares left out."""
+    size * (r + 1) / n)`` of each ``(byte offset, bytes)`` range, or the leading ``fraction`` of
+    that share (weights beyond what the L2 holds: ``ROperator.prefetch_fraction``), empty shares
+    left out."""
     line = cuda_helpers.PREFETCH_LINE_BYTES
     pairs = []
     for offset, size in ranges:
         lo = offset + size * rtask_id // num_rtasks
         hi = offset + size * (rtask_id + 1) // num_rtasks
+        if fraction < 1:
+            hi = lo + int((hi - lo) * fraction)
         if hi > lo:
             pairs.append((lo // line, (hi - 1) // line - lo // line + 1))
     return tuple(pairs)
@@ -189,8 +193,9 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     ``dispatch`` maps operator uid -> (dispatch index, arena offsets of that operator). ``num_veus``
     may drop trailing vEUs whose queues are empty (they would idle in the grid sync).
     ``prefetch`` maps operator uid -> (its rTask count, ``((byte offset, bytes), ...)`` of the
-    constants it reads in the weights blob): a barrier-rTask followed by an rTask of such an
-    operator gets a prefetch record (:func:`prefetch_lines`); None or {}: no barrier prefetches.
+    constants it reads in the weights blob[, the fraction of each share prefetched]): a
+    barrier-rTask followed by an rTask of such an operator gets a prefetch record
+    (:func:`prefetch_lines`); None or {}: no barrier prefetches.
     """
     prefetch = prefetch or {}
     num_veus = len(program.prog) if num_veus is None else num_veus
@@ -216,8 +221,8 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
                 after = queue[order + 1] if order + 1 < len(queue) else None
                 lines = ()
                 if isinstance(after, RTask) and after.op in prefetch:
-                    num_rtasks, ranges = prefetch[after.op]
-                    lines = prefetch_lines(ranges, after.rtask_id, num_rtasks)
+                    num_rtasks, ranges, *fraction = prefetch[after.op]
+                    lines = prefetch_lines(ranges, after.rtask_id, num_rtasks, *fraction)
                 fetch = -1
                 if lines:
                     if lines not in fetch_at:
