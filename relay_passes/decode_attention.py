@@ -51,7 +51,13 @@ and V of two dtypes), symbolic shapes. A cast to or from an integer is not passe
 pattern must then hold without it). With the weights apart (``RammerConfig(weights="apart")``)
 the scale and the mask's two constants are initializers, so weight parameters: declined.
 
-``chunk``: slots per chunk (None: ``tir_templates.decode_attention.chunk_for(L)``).
+``threads``: the vEU width the rProgram allows (``RammerConfig.max_rtask_threads``): where it
+is given and the head dim is a multiple of 32, phase 1 is a warp per slot with ``threads // 32``
+warps (``tir_templates.decode_attention.warp_partial_func``); else a thread per slot (the
+kernels' default without warps). ``veus``: the vEUs to fill (SMs x vEUs per SM of an rTask of
+``threads``); given, the chunk is :func:`chunk_to_fill`'s (one round of rTasks, as many as fit);
+``chunk``: slots per chunk, overriding both (None and no ``veus``:
+``tir_templates.decode_attention.chunk_for(L)``).
 """
 from __future__ import annotations
 
@@ -65,7 +71,7 @@ from tir_templates.decode_attention import (DecodeAttentionShape, chunk_for, com
 from .known_values import static_shape
 from .unused_bindings import remove_unused_bindings
 
-__all__ = ["DecodeAttentionSplit"]
+__all__ = ["DecodeAttentionSplit", "chunk_to_fill"]
 
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
     "matmul", "permute_dims", "divide", "multiply", "add", "where", "greater", "nn.softmax",
@@ -102,14 +108,38 @@ def _scalar(expr):
     return data.reshape(-1)[0] if data.size == 1 else None
 
 
+def chunk_to_fill(rows: int, max_len: int, veus: int, least: int = 1) -> int:
+    """Slots per chunk (a power of two, ``least`` at least, e.g. one slot per warp) for ``rows``
+    (batch x heads) attentions over ``max_len`` slots: the smallest, i.e. the most rTasks ``rows x
+    ceil(max_len / chunk)``, that does not exceed ``veus`` (one round of rTasks); a chunk that
+    holds every slot when even one chunk per row exceeds them."""
+    chunk = 1
+    while chunk < least:
+        chunk *= 2
+    while chunk < max_len and rows * -(-max_len // chunk) > veus:
+        chunk *= 2
+    return chunk
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     """Finds the pattern (module docstring) at every ``matmul(probs, V)``."""
 
-    def __init__(self, mod, chunk):
+    def __init__(self, mod, chunk, veus=None, threads=None):
         super().__init__(mod)
         self.chunk = chunk
+        self.veus = veus
+        self.threads = threads
         self.rewrites = 0
+
+    def _layout(self, batch, heads, length, dim):
+        """(chunk, warps) of an attention of this shape (module docstring)."""
+        warps = self.threads // 32 if self.threads and dim % 32 == 0 else 0
+        if self.chunk:
+            return self.chunk, warps
+        if self.veus is None:
+            return chunk_for(length), warps
+        return chunk_to_fill(batch * heads, length, self.veus, max(warps, 1)), warps
 
     def _bound(self, expr, name):
         """The call ``expr`` (a var) is bound to, when it is a call of op ``name``, looking through
@@ -262,24 +292,31 @@ class _Rewriter(relax.PyExprMutator):
         if any(_dtype(x) not in FLOATS for x in (q, k[0], vv[0], scores, out)) \
                 or _dtype(k[0]) != _dtype(vv[0]):
             return None
-        shape = DecodeAttentionShape(bsz, heads, k[1], length, dim,
-                                     self.chunk or chunk_for(length), scale, divide,
-                                     len(_shape(pos)), _dtype(q), _dtype(k[0]), _dtype(out))
+        chunk, warps = self._layout(bsz, heads, length, dim)
+        shape = DecodeAttentionShape(bsz, heads, k[1], length, dim, chunk, scale, divide,
+                                     len(_shape(pos)), _dtype(q), _dtype(k[0]), _dtype(out),
+                                     warps)
         return q, k[0], vv[0], pos, shape
 
 
 @tvm.transform.module_pass(opt_level=0, name="DecodeAttentionSplit")
 class DecodeAttentionSplit:
     """Replace each masked decode attention over a static cache by the split kernels (see the
-    module docstring). Run on high-level Relax, before LegalizeOps."""
+    module docstring: ``chunk``, ``veus``, ``threads``). Run on high-level Relax, before
+    LegalizeOps."""
 
-    def __init__(self, chunk: int | None = None):
-        if chunk is not None and chunk < 1:
-            raise ValueError(f"DecodeAttentionSplit: chunk={chunk} must be positive")
-        self.chunk = chunk
+    def __init__(self, chunk: int | None = None, veus: int | None = None,
+                 threads: int | None = None):
+        for name, value in (("chunk", chunk), ("veus", veus)):
+            if value is not None and value < 1:
+                raise ValueError(f"DecodeAttentionSplit: {name}={value} must be positive")
+        if threads is not None and (threads < 32 or threads % 32):
+            raise ValueError(f"DecodeAttentionSplit: threads={threads} must be a positive "
+                             "multiple of 32 (whole warps)")
+        self.chunk, self.veus, self.threads = chunk, veus, threads
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _Rewriter(mod, self.chunk)
+        rewriter = _Rewriter(mod, self.chunk, self.veus, self.threads)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 before = rewriter.rewrites

@@ -227,6 +227,59 @@ def test_float16_versions_match_numpy_on_the_cuda_emulator():
     assert np.abs(run("wrong", 12) - reference(q, k, v, 12, 8.0, True)).max() > 1e-2
 
 
+WARP_SHAPES = [  # a warp per slot: GQA, 4 warps over chunks of 8 (2 slots a warp), 2 dims a lane
+    DecodeAttentionShape(1, 4, 2, 32, 64, 8, 8.0, True, warps=4),
+    DecodeAttentionShape(1, 4, 2, 32, 64, 8, 0.125, False, 1, "float16", "float16", "float16",
+                         warps=4),
+    DecodeAttentionShape(1, 2, 1, 20, 32, 8, 4.0, True, 0, "float16", "float32", "float32",
+                         warps=2)]  # a last chunk half full, a scalar position, 1 dim a lane
+
+
+def test_warp_per_slot_versions_match_numpy_on_the_cuda_emulator():
+    """The warp-per-slot phase 1 (the default where the shape has warps; shuffles, so the
+    emulator only), float32 and float16, grouped-query, at positions 0, inside a chunk, on a
+    chunk edge, L - 1 and negative; its slot bound one too far is detected."""
+    _emulator_or_skip()
+    from tvm_rammer.checks.emulator.versions import _build, _run
+    from tvm_rammer.target import resolve_target
+
+    funcs = {}
+    for i, shape in enumerate(WARP_SHAPES):
+        names = [n for n, _ in partial_versions(shape)]
+        assert names[0] == f"decode_attention_w{shape.warps}" and len(names) > 1
+        tvm.ir.assert_structural_equal(partial_func(shape), partial_versions(shape)[0][1])
+        assert DecodeAttentionShape.decode(shape.encode()) == shape
+        funcs.update({f"w{i}": partial_func(shape), f"c{i}": combine_func(shape),
+                      f"wrong{i}": partial_func(shape, bound_shift=1)})
+    built = _build(funcs, resolve_target(TARGET), None)
+
+    def run(i, pname, p):
+        shape = WARP_SHAPES[i]
+        q, k, v = _half_arrays(shape, seed=i)
+        pos = np.array([p] if shape.pos_len else p, np.int64)
+        part = _run(built, pname, [q, k, v, pos, np.full(
+            (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32)],
+                    60)[-1]
+        out = _run(built, f"c{i}", [part, pos, np.full(
+            (shape.batch, shape.heads, 1, shape.head_dim), np.nan, shape.out_dtype)], 60)[-1]
+        return out.astype(np.float64), reference(q, k, v, p, shape.scale, shape.divide)
+
+    for i, shape in enumerate(WARP_SHAPES):
+        for p in (0, 5, 8, 9, shape.max_len - 1, -1):
+            got, want = run(i, f"w{i}", p)
+            np.testing.assert_allclose(got, want, err_msg=f"{shape} p={p}",
+                                       **_half_tolerance(shape))
+        got, want = run(i, f"wrong{i}", 9)
+        assert np.abs(got - want).max() > 1e-2, shape
+
+
+def test_warp_per_slot_needs_whole_warps_of_dims():
+    with pytest.raises(ValueError, match=r"decode attention: invalid shape"):
+        DecodeAttentionShape(1, 1, 1, 8, 16, 4, 1.0, True, warps=2)
+    with pytest.raises(ValueError, match=r"a warp per slot needs D % 32 == 0"):
+        da.warp_partial_func(SHAPES[0], 2)
+
+
 def test_rtasks_and_what_the_cost_model_is_charged():
     """Phase 1: one rTask per (b, head, chunk group), whole warps, the most threads first (the
     default); phase 2: one per (b, head).
@@ -244,6 +297,10 @@ def test_rtasks_and_what_the_cost_model_is_charged():
         lowered = prelower(func, target, name=name)
         assert (lowered.num_rtasks, lowered.threads) == (grid, threads), name
     assert prelower(combine_func(shape), target).num_rtasks == 12
+    warp = DecodeAttentionShape(1, 12, 12, 1024, 64, 32, 8.0, True, warps=8)  # the pipeline's
+    lowered = prelower(partial_func(warp), target)
+    assert (lowered.num_rtasks, lowered.threads) == (384, 256)
+    assert param_bytes(partial_func(warp))[1:3] == [12 * 1024 * 64 * 4] * 2
     cache = 12 * 1024 * 64 * 4
     partial_bytes = param_bytes(partial_func(shape))
     assert partial_bytes[1:3] == [cache, cache]
@@ -280,27 +337,27 @@ def _tensor(shape, dtype="float32"):
     return relax.TensorType(list(shape), dtype)
 
 
-def _repeat(bb, cache, kv):
+def _repeat(bb, cache, kv, dim=D):
     op = relax.op
     n = H // kv
-    x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(cache, axis=[2])), (B, kv, n, L, D)))
-    return bb.emit(op.reshape(x, (B, H, L, D)))
+    x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(cache, axis=[2])), (B, kv, n, L, dim)))
+    return bb.emit(op.reshape(x, (B, H, L, dim)))
 
 
 def before(kv=H, scale="divide", mask_min=None, zero=0.0, slots=None, compare="greater",
-           mask=True, tokens=1, axis=-1, dtype="float32", upcast=False):
+           mask=True, tokens=1, axis=-1, dtype="float32", upcast=False, dim=D):
     """``main(q, k, v, pos) = softmax(q k^T / 4 + where(slots > pos, min, 0)) v`` as the ONNX
     import writes it (llama: ``* 0.25`` and the GQA repeat), in ``dtype`` (``mask_min`` None: its
     finfo.min); ``upcast``: the softmax between casts to float32 and back (Llama in float16)."""
     op = relax.op
     bb = relax.BlockBuilder()
     mask_min = float(np.finfo(dtype).min) if mask_min is None else mask_min
-    q = relax.Var("q", _tensor((B, H, tokens, D), dtype))
-    k, v = (relax.Var(n, _tensor((B, kv, L, D), dtype)) for n in ("k", "v"))
+    q = relax.Var("q", _tensor((B, H, tokens, dim), dtype))
+    k, v = (relax.Var(n, _tensor((B, kv, L, dim), dtype)) for n in ("k", "v"))
     pos = relax.Var("pos", _tensor((1,), "int64"))
     with bb.function("main", [q, k, v, pos]):
         with bb.dataflow():
-            keys, values = (k, v) if kv == H else (_repeat(bb, k, kv), _repeat(bb, v, kv))
+            keys, values = (k, v) if kv == H else (_repeat(bb, k, kv, dim), _repeat(bb, v, kv, dim))
             scores = bb.emit(op.matmul(q, bb.emit(op.permute_dims(keys, [0, 1, 3, 2]))))
             if scale == "divide":
                 scores = bb.emit(op.divide(scores, relax.const(4.0, dtype)))
@@ -416,6 +473,64 @@ def test_mixed_precision_attention_reads_the_float32_caches(kv, scale):
 def test_bad_chunk_is_one_clear_error():
     with pytest.raises(ValueError, match=r"DecodeAttentionSplit: chunk=0 must be positive"):
         DecodeAttentionSplit(chunk=0)
+
+
+def _partial_shapes(mod):
+    return [DecodeAttentionShape.decode(f.attrs[da._PARAMS_ATTR]) for _, f in mod.functions_items()
+            if isinstance(f, tirx.PrimFunc) and f.attrs.get(da.KIND_ATTR, None) == "partial"]
+
+
+def test_the_chunk_fills_the_veus_with_one_round_of_rtasks():
+    """The most rTasks (rows x chunks) that do not exceed the vEUs, a power of two of at least
+    one slot a warp; a chunk of every slot when the rows alone exceed them."""
+    from relay_passes.decode_attention import chunk_to_fill
+
+    assert chunk_to_fill(12, 1024, 528, 8) == 32      # GPT-2 small, H100: 384 rTasks
+    assert chunk_to_fill(32, 1024, 528, 8) == 64      # Llama-1B-shaped: 512 rTasks
+    for rows, length, veus, least in [(12, 1024, 528, 8), (4, 16, 8, 1), (3, 10, 7, 2),
+                                      (4, 100, 1000, 8), (40, 64, 16, 4), (1, 1, 1, 1)]:
+        chunk = chunk_to_fill(rows, length, veus, least)
+        assert chunk >= least and chunk & (chunk - 1) == 0
+        tasks = rows * -(-length // chunk)
+        if rows <= veus:
+            assert tasks <= veus, (rows, length, veus)
+        else:
+            assert chunk >= length
+        if chunk > least and chunk // 2 < length:      # one step smaller would not fit
+            assert rows * -(-length // (chunk // 2)) > veus
+    assert chunk_to_fill(40, 64, 16, 4) == 64
+
+
+def test_the_pass_lays_out_a_warp_per_slot_where_the_head_dim_allows():
+    """threads and veus given: warps = threads / 32 where D % 32 == 0 (else a thread per slot),
+    the chunk chunk_to_fill's; without them today's chunk_for and a thread per slot."""
+    got = _partial_shapes(DecodeAttentionSplit(veus=8, threads=64)(before(dim=32)))
+    assert [(s.warps, s.chunk, s.chunks) for s in got] == [(2, 4, 2)]   # 4 heads x 2 chunks
+    got = _partial_shapes(DecodeAttentionSplit(veus=8, threads=64)(before(kv=2, dim=16)))
+    assert [(s.warps, s.chunk, s.kv_heads) for s in got] == [(0, 4, 2)]
+    got = _partial_shapes(DecodeAttentionSplit()(before(dim=32)))
+    assert [(s.warps, s.chunk) for s in got] == [(0, da.chunk_for(L))]
+    got = _partial_shapes(DecodeAttentionSplit(chunk=8, veus=8, threads=128)(before(dim=32)))
+    assert [(s.warps, s.chunk) for s in got] == [(4, 8)]
+    for kwargs, text in [(dict(veus=0), "veus=0 must be positive"),
+                         (dict(threads=48), "threads=48 must be a positive multiple of 32")]:
+        with pytest.raises(ValueError, match=text):
+            DecodeAttentionSplit(**kwargs)
+
+
+def test_the_pipeline_gives_the_pass_its_veus_and_threads():
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.pipeline import decode_attention_pass, split_k_passes
+    from tvm_rammer.target import resolve_target
+
+    target = resolve_target(TARGET)
+    full = decode_attention_pass(target, RammerConfig(num_sms=132))
+    assert (full.veus, full.threads) == (split_k_passes(target, RammerConfig(num_sms=132))[0].veus,
+                                         256)
+    assert full.veus == 528
+    small = decode_attention_pass(target, RammerConfig(num_sms=2, veus_per_sm=2,
+                                                       max_rtask_threads=128))
+    assert (small.veus, small.threads) == (4, 128)
 
 
 def test_the_pass_is_in_the_rammer_pipeline():

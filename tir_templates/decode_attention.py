@@ -50,7 +50,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-__all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "combine_func",
+__all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "warp_partial_func",
+           "thread_partial_func", "combine_func",
            "partial_versions", "combine_versions", "schedule_of", "DecodeAttentionRule",
            "reference"]
 
@@ -80,11 +81,13 @@ class DecodeAttentionShape:
     q_dtype: str = "float32"
     kv_dtype: str = "float32"
     out_dtype: str = "float32"
+    warps: int = 0
 
     def __post_init__(self):
         if min(self.batch, self.heads, self.kv_heads, self.max_len, self.head_dim,
                self.chunk) < 1 or self.heads % self.kv_heads or self.pos_len not in (0, 1) \
-                or {self.q_dtype, self.kv_dtype, self.out_dtype} - set(FLOATS):
+                or {self.q_dtype, self.kv_dtype, self.out_dtype} - set(FLOATS) \
+                or self.warps < 0 or (self.warps and self.head_dim % 32):
             raise ValueError(f"decode attention: invalid shape {self}")
 
     @property
@@ -95,13 +98,13 @@ class DecodeAttentionShape:
         return ",".join(str(v) for v in (self.batch, self.heads, self.kv_heads, self.max_len,
                                           self.head_dim, self.chunk, repr(self.scale),
                                           int(self.divide), self.pos_len, self.q_dtype,
-                                          self.kv_dtype, self.out_dtype))
+                                          self.kv_dtype, self.out_dtype, self.warps))
 
     @classmethod
     def decode(cls, text: str) -> "DecodeAttentionShape":
-        b, h, kv, L, d, c, s, div, p, *dtypes = str(text).split(",")
+        b, h, kv, L, d, c, s, div, p, qt, kvt, ot, *warps = str(text).split(",")
         return cls(int(b), int(h), int(kv), int(L), int(d), int(c), float(s), bool(int(div)),
-                   int(p), *dtypes)
+                   int(p), qt, kvt, ot, int(warps[0]) if warps else 0)
 
 
 def chunk_for(max_len: int) -> int:
@@ -139,10 +142,128 @@ def _widest(fill: int) -> int:
 
 def partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
                  bound_shift: int = 0) -> tirx.PrimFunc:
-    """Phase 1 (module docstring): one rTask per (b, head, ``group`` chunks), ``threads`` threads
-    (None: the most a chunk fills, the default version: an rTask closer to its vEU's threads, and
-    the fewer rTasks per SM that the cost model shares the bandwidth among).
-    ``bound_shift`` moves the slot bound (tests' negative control: 1 reads one slot too many)."""
+    """Phase 1 (module docstring), the default version when ``threads`` is None: a warp per slot
+    (:func:`warp_partial_func`, ``shape.warps`` warps) where the shape has warps, else a thread per
+    slot (:func:`thread_partial_func`, the most threads a chunk fills). ``threads`` / ``group``
+    given: that thread-per-slot version. ``bound_shift`` moves the slot bound (tests' negative
+    control: 1 reads one slot too many)."""
+    if threads is None and group == 1 and shape.warps:
+        return warp_partial_func(shape, shape.warps, bound_shift)
+    return thread_partial_func(shape, threads, group, bound_shift)
+
+
+def warp_partial_func(shape: DecodeAttentionShape, warps: int,
+                      bound_shift: int = 0) -> tirx.PrimFunc:
+    """Phase 1, a warp per slot: one rTask per (b, head, chunk) of ``warps`` x 32 threads; warp
+    ``w`` takes the chunk's slots ``start + w, start + w + warps, ...``, lane ``l`` holds dims
+    ``l, l + 32, ...`` of q (``D % 32 == 0``), so a warp reads a K or V row whole and in order
+    (coalesced). q . k: each lane's partial sum, then a butterfly of five xor shuffles gives every
+    lane the whole score; each warp keeps its running (m, l, acc[D / 32 a lane]) in registers.
+    The warps' states are merged through shared memory (``warps x (D + 2)`` floats) into
+    ``part[b, h, c, :]``, the same contract as :func:`thread_partial_func`'s. Runs on a GPU (or
+    the CUDA emulator) only: the shuffles have no serial form."""
+    B, H, KV, L, D, C = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
+                         shape.head_dim, shape.chunk)
+    if D % 32 or warps < 1:
+        raise ValueError(f"decode attention: a warp per slot needs D % 32 == 0 and warps >= 1, "
+                         f"got D={D}, warps={warps}")
+    NC, G, W = shape.chunks, H // shape.kv_heads, int(warps)
+    TH, DL = W * 32, D // 32
+    per_warp = -(-C // W)
+    scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
+    shift = int(bound_shift)
+    QT, KT = shape.q_dtype, shape.kv_dtype
+    full = 0xFFFFFFFF
+
+    def pos_load(pos):
+        return pos[0] if P else pos[()]
+
+    @T.prim_func(s_tir=True)
+    def partial(q: T.Buffer((B, H, 1, D), QT), k: T.Buffer((B, KV, L, D), KT),
+                v: T.Buffer((B, KV, L, D), KT), pos: T.Buffer(P, "int64"),
+                part: T.Buffer((B, H, NC, D + 2), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for task in T.thread_binding(B * H * NC, thread="blockIdx.x"):
+            state = T.sblock_alloc_buffer((W, D + 2), "float32", scope="shared")
+            for tx in T.thread_binding(TH, thread="threadIdx.x"):
+                with T.sblock("partial"):
+                    T.reads(q[0:B, 0:H, 0, 0:D], k[0:B, 0:KV, 0:L, 0:D],
+                            v[0:B, 0:KV, 0:L, 0:D], pos[()] if not P else pos[0:1])
+                    T.writes(state[0:W, 0:D + 2])
+                    m = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    ls = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    acc = T.sblock_alloc_buffer((DL,), "float32", scope="local")
+                    qv = T.sblock_alloc_buffer((DL,), "float32", scope="local")
+                    sc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    b = task // (H * NC)
+                    h = task // NC % H
+                    c = task % NC
+                    w = tx // 32
+                    lane = tx % 32
+                    lim, use = _limit(pos_load(pos), L)
+                    start = c * C
+                    end = T.max(T.min(start + C, lim + shift), start)
+                    m[0] = T.float32(F32_MIN)
+                    ls[0] = T.float32(0)
+                    for i in range(DL):
+                        acc[i] = T.float32(0)
+                        qv[i] = _f32(q[b, h, 0, lane + i * 32], QT)
+                    for j in range(per_warp):
+                        slot = start + w + j * W
+                        if slot < end:  # the same for the warp's 32 lanes: no divergence
+                            sc[0] = T.float32(0)
+                            for i in range(DL):
+                                sc[0] = sc[0] + qv[i] * _f32(k[b, h // G, slot, lane + i * 32], KT)
+                            for o in T.unroll(5):
+                                sc[0] = sc[0] + T.tvm_warp_shuffle_xor(
+                                    T.uint32(full), sc[0], T.shift_right(16, o), 32, 32)
+                            if divide:
+                                sc[0] = sc[0] / T.float32(scale) * use
+                            else:
+                                sc[0] = sc[0] * T.float32(scale) * use
+                            mn = T.max(m[0], sc[0])
+                            corr = T.exp(m[0] - mn)
+                            pe = T.exp(sc[0] - mn)
+                            ls[0] = ls[0] * corr + pe
+                            for i in range(DL):
+                                acc[i] = acc[i] * corr + pe * _f32(
+                                    v[b, h // G, slot, lane + i * 32], KT)
+                            m[0] = mn
+                    if lane == 0:
+                        state[w, 0] = m[0]
+                        state[w, 1] = ls[0]
+                    for i in range(DL):
+                        state[w, 2 + lane + i * 32] = acc[i]
+            for tx in T.thread_binding(TH, thread="threadIdx.x"):
+                with T.sblock("merge"):
+                    T.reads(state[0:W, 0:D + 2])
+                    T.writes(part[0:B, 0:H, 0:NC, 0:D + 2])
+                    mx = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    sm = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    b = task // (H * NC)
+                    h = task // NC % H
+                    c = task % NC
+                    mx[0] = T.float32(F32_MIN)
+                    for t in range(W):
+                        mx[0] = T.max(mx[0], state[t, 0])
+                    for i in range(-(-(D + 2) // TH)):
+                        if tx + i * TH < D + 2:
+                            sm[0] = T.float32(0)
+                            for t in range(W):
+                                sm[0] = sm[0] + state[t, tx + i * TH] * T.exp(
+                                    state[t, 0] - mx[0])
+                            part[b, h, c, tx + i * TH] = T.Select(tx + i * TH == 0, mx[0],
+                                                                  sm[0])
+    return partial.without_attr("global_symbol").with_attrs({  # named by the module it joins
+        "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
+
+
+def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
+                        bound_shift: int = 0) -> tirx.PrimFunc:
+    """Phase 1, a thread per slot: one rTask per (b, head, ``group`` chunks), ``threads``
+    threads (None: the most a chunk fills), each thread taking the chunk's slots ``tx, tx +
+    threads, ...`` with its whole (m, l, acc[D]) in registers, the threads' states merged through
+    shared memory. Also runs with its thread loops serial (llvm)."""
     B, H, KV, L, D, C = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
                          shape.head_dim, shape.chunk)
     NC, G, TH = shape.chunks, H // shape.kv_heads, threads or _widest(shape.chunk)
@@ -282,17 +403,21 @@ def combine_func(shape: DecodeAttentionShape, threads: int | None = None) -> tir
 
 
 def partial_versions(shape: DecodeAttentionShape) -> list:
-    """(name, PrimFunc) of every phase-1 variant: 32, 64 or 128 threads (those a chunk fills,
-    32 at least: whole warps), one or two chunks per rTask (two when the chunks pair up); the
-    most threads first (the first is the default, what :func:`partial_func` makes)."""
+    """(name, PrimFunc) of every phase-1 variant: where the shape has warps, a warp per slot with
+    ``shape.warps`` warps first (the default, what :func:`partial_func` makes); then a thread per
+    slot with 32, 64 or 128 threads (those a chunk fills, 32 at least: whole warps), one or two
+    chunks per rTask (two when the chunks pair up), the most threads first (the default of a
+    shape without warps)."""
     found = []
+    if shape.warps:
+        found.append((f"decode_attention_w{shape.warps}", warp_partial_func(shape, shape.warps)))
     for threads in (128, 64, 32):
         if threads > 32 and threads > shape.chunk:
             continue
         for group in (1, 2):
             if shape.chunks % group == 0 and (group == 1 or shape.chunks > 1):
                 found.append((f"decode_attention_t{threads}g{group}",
-                              partial_func(shape, threads, group)))
+                              thread_partial_func(shape, threads, group)))
     return found
 
 

@@ -80,7 +80,8 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     timeline = [ReturnTimelines()] if config.timeline else []
     return [
         *cuda_backend.library_dispatch_passes(target),  # TVM's sampling/sort-scan dispatch, unchanged
-        *graph_passes(config, split_k_passes(target, config)),  # rewrites and groups, to FuseTIR
+        *graph_passes(config, split_k_passes(target, config),  # rewrites and groups, to FuseTIR
+                      decode_attention_pass(target, config)),
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
                      default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule(), NormGEMV())),
@@ -92,11 +93,15 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
     ]
 
 
-def graph_passes(config: RammerConfig, split_k: list | tuple = ()) -> list:
+def graph_passes(config: RammerConfig, split_k: list | tuple = (),
+                 decode_attention: DecodeAttentionSplit | None = None) -> list:
     """The target-independent part of :func:`rammer_passes`: the graph rewrites, legalization and
     grouping, to ``FuseTIR`` (one PrimFunc per operator group, unscheduled). Tests build it for
     llvm to check numerics, e.g. with the weights apart. ``split_k``: the SplitKGEMV pass for the
-    target's vDevice (:func:`split_k_passes`; run when ``config.split_k``); none by default."""
+    target's vDevice (:func:`split_k_passes`; run when ``config.split_k``); none by default.
+    ``decode_attention``: the DecodeAttentionSplit for the target's vDevice
+    (:func:`decode_attention_pass`); None: its target-independent default (a thread per slot,
+    runnable on llvm with the thread loops serial)."""
     fusion = [BranchPreservingFusion(prologues=config.prologue_fusion)] if config.fusion else []
     if config.fusion and config.tail_fusion:
         fusion.insert(0, SplitTailFusion())            # before the chains: tails take their fan-outs
@@ -115,7 +120,7 @@ def graph_passes(config: RammerConfig, split_k: list | tuple = ()) -> list:
         *inputs_only,                                  # embedded: every main parameter an input
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         *mixed_precision_passes(config),               # float16: after BN folding (in fp32), before legalizing
-        DecodeAttentionSplit(),                        # after ToMixedPrecision (it rejects call_tir)
+        decode_attention or DecodeAttentionSplit(),    # after ToMixedPrecision (it rejects call_tir)
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds
@@ -147,6 +152,15 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     return [SplitKGEMV(veus, step_us=cost.barrier_us + cost.per_rtask_overhead_us,
                        mem_bw_gbps=cost.mem_bw_gbps, rtask_us=cost.per_rtask_overhead_us,
                        leave_norm_rows=config.fusion and config.norm_fusion)]
+
+
+def decode_attention_pass(target: tvm.target.Target, config: RammerConfig) -> DecodeAttentionSplit:
+    """DecodeAttentionSplit for the target's vDevice: phase 1 a warp per slot in rTasks of
+    ``max_rtask_threads`` threads, its chunk filling the vEUs (as :func:`split_k_passes` counts
+    them: SMs x the vEUs per SM of such an rTask) with one round of rTasks."""
+    vdevice = vdevice_for(target, config)
+    veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
+    return DecodeAttentionSplit(veus=veus, threads=config.max_rtask_threads)
 
 
 def inference_passes() -> list:
