@@ -44,6 +44,20 @@ class BranchPreservingFusion:
     injective operators reading only parameters and constants (each read by C alone) absorbs them
     all; they delay nothing.
 
+    Two more joins fuse an elementwise function of ONE tensor, which no other branch feeds:
+
+    * a diamond: a C of elementwise/broadcast pattern that reads two or more groups of
+      elementwise/broadcast operators (each read by C alone) which, with C, read no produced tensor
+      but one, ``x`` (besides constants and parameters), absorbs them all: tanh-GELU's
+      ``(0.5 * x) * (1 + tanh(k * (x + c * x^3)))`` and SiLU's ``x * sigmoid(x)`` are one group;
+    * into the source (with ``epilogues``, the default): a group of elementwise/broadcast operators
+      that holds every reader of ``x`` (not a block output) joins the group whose last member
+      produced ``x`` (its epilogue: the GELU after a decode step's fc1 GEMV), when every other
+      produced tensor it reads comes from a level strictly lower than that group's.
+
+    Both delay nothing: the merged group needs nothing the source group did not need, and nothing
+    else reads ``x`` (so no branch waits on the whole group instead of ``x``).
+
     With ``prologues`` (the default), a group of elementwise/broadcast call_tirs whose output only a
     conv/matmul group's first member reads then joins that group in front (a prologue: NASNet's
     ReLU before each separable conv, which cannot fuse into its producer because the producer's
@@ -58,8 +72,8 @@ class BranchPreservingFusion:
     FoldConstant and before FuseTIR and dlight; it replaces FuseOps in the rammer pipeline.
     """
 
-    def __init__(self, prologues: bool = True):
-        self.prologues = prologues
+    def __init__(self, prologues: bool = True, epilogues: bool = True):
+        self.prologues, self.epilogues = prologues, epilogues
 
     def transform_module(self, mod, ctx):
         """Plan groups on main's dataflow graph and emit one fused function per group."""
@@ -72,7 +86,7 @@ class BranchPreservingFusion:
         if any(n.kind == "call_tir" and not _static_call(n) for n in graph.nodes):
             mod = _fuse_dynamic_like_tvm(mod, graph)
             graph = DataflowGraph.from_function(mod["main"], mod)
-        groups = [g for g in plan_groups(graph, self.prologues) if len(g) > 1 or _unread_outputs(graph, g[0])]
+        groups = [g for g in plan_groups(graph, self.prologues, self.epilogues) if len(g) > 1 or _unread_outputs(graph, g[0])]
         if not groups:
             return mod
         return _emit_groups(mod, graph, groups)
@@ -227,9 +241,78 @@ def _producer_group(node, graph, group_of, groups, mod):
     return group if _can_join(_op_pattern(node, mod), group) else None
 
 
-def plan_groups(graph, prologues=False):
+def _outside_inputs(graph, members):
+    """The produced tensors (not parameters or constants) that ``members`` read from outside."""
+    inside, found = set(members), []
+    for i in members:
+        for t in graph.nodes[i].inputs:
+            if t.producer is not None and t.producer not in inside and t not in found:
+                found.append(t)
+    return found
+
+
+def _read_by_only(graph, tensor, readers):
+    """``tensor`` is not a block output and only nodes in ``readers`` read it (no alias)."""
+    return not graph.is_graph_output(tensor) and all(c in readers for c in graph.consumers(tensor))
+
+
+def _diamond_join(node, graph, group_of, groups, mod):
+    """The groups ``node`` may absorb as the join of a diamond on one tensor (see the class
+    docstring): two or more groups of elementwise/broadcast operators, each read by ``node`` alone
+    through its last member's output, which with ``node`` read one produced tensor only. None
+    otherwise."""
+    if _op_pattern(node, mod) > BROADCAST:
+        return None
+    found = []
+    for t in node.inputs:
+        if t.producer is None:
+            continue
+        group = groups[group_of[t.producer]]
+        if group.pattern > BROADCAST or group.members[-1] != t.producer \
+                or not _read_by_only(graph, t, {node.index}):
+            return None
+        if group not in found:
+            found.append(group)
+    if len(found) < 2:
+        return None
+    members = [i for g in found for i in g.members] + [node.index]
+    return found if len(_outside_inputs(graph, members)) == 1 else None
+
+
+def _source_group(group, graph, group_of, groups, mod):
+    """The group ``group`` may join as its epilogue (see the class docstring), or None: ``group``
+    is elementwise/broadcast, reads one tensor ``x`` whose readers it all holds and that the
+    other group's last member produces, and its other produced inputs come from levels strictly
+    lower than that group's."""
+    if not group.members or group.pattern > BROADCAST:
+        return None
+    members = set(group.members)
+    for x in _outside_inputs(graph, group.members):
+        source = groups[group_of[x.producer]]
+        if source is group or source.pattern not in FUSABLE_PRODUCER \
+                or source.members[-1] != x.producer \
+                or not _fusable_call(graph.nodes[x.producer], mod) \
+                or not _read_by_only(graph, x, members):
+            continue
+        others = [t for t in _outside_inputs(graph, group.members) if t != x]
+        if all(groups[group_of[t.producer]].level < source.level for t in others):
+            return source
+    return None
+
+
+def _absorb(target, other, group_of):
+    """Move ``other``'s members into ``target`` (binding order kept)."""
+    target.members = sorted(target.members + other.members)
+    target.pattern = max(target.pattern, other.pattern)
+    for i in other.members:
+        group_of[i] = target.gid
+    other.members = []
+
+
+def plan_groups(graph, prologues=False, epilogues=True):
     """Fusion groups (lists of node indices, binding order) covering every non-alias node; with
-    `prologues`, elementwise groups merged into the conv/matmul group that alone reads them."""
+    `prologues`, elementwise groups merged into the conv/matmul group that alone reads them; with
+    `epilogues`, an elementwise function of one tensor merged into the tensor's producer group."""
     mod = graph.mod
     groups, group_of = [], {}
     for node in graph.nodes:
@@ -238,14 +321,12 @@ def plan_groups(graph, prologues=False):
         group = _producer_group(node, graph, group_of, groups, mod) if _fusable_call(node, mod) else None
         joined = _cheap_join(node, graph, group_of, groups, mod) \
             if group is None and _fusable_call(node, mod) else None
+        if group is None and joined is None and _fusable_call(node, mod):
+            joined = _diamond_join(node, graph, group_of, groups, mod)
         if joined:
             group = joined[0]
             for other in joined[1:]:
-                group.members = sorted(group.members + other.members)
-                group.pattern = max(group.pattern, other.pattern)
-                for i in other.members:
-                    group_of[i] = group.gid
-                other.members = []
+                _absorb(group, other, group_of)
         if group is not None:
             group.members.append(node.index)
             group.pattern = max(group.pattern, _op_pattern(node, mod))
@@ -255,6 +336,9 @@ def plan_groups(graph, prologues=False):
             group = _Group(len(groups), node.index, level, pattern)
             groups.append(group)
         group_of[node.index] = group.gid
+        source = _source_group(group, graph, group_of, groups, mod) if epilogues else None
+        if source is not None:
+            _absorb(source, group, group_of)
     if prologues:
         _merge_prologues(graph, groups, group_of)
     return [sorted(g.members) for g in groups if g.members]

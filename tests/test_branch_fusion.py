@@ -1,6 +1,7 @@
 """BranchPreservingFusion: which call_tirs fuse, that joins stay apart, and that results do not change."""
 import numpy as np
 import pytest
+import onnx.numpy_helper
 import tvm
 from tvm import relax
 
@@ -228,3 +229,155 @@ def test_prologue_fused_module_computes_what_onnxruntime_computes():
     got, = ob.run_tvm_cpu(fused(ob.to_relax(model)), feeds)
     want, = ob.run_onnxruntime(model, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# An elementwise function of one tensor (tanh-GELU, SiLU) as its producer's epilogue.
+
+def gelu_mlp(hidden=32, returned=False, reduced=False, act="gelu", seed=0):
+    """``gelu(x @ W1 + b1) @ W2`` (W1 ``[hidden, 2 hidden]``), the GELU as HF's NewGELUActivation is exported (``0.5 x``
+    times ``1 + tanh(...)``: a diamond on ``h``); ``act="silu"``: ``h * sigmoid(h)`` instead.
+    Controls: ``returned`` also returns ``h``; ``reduced`` also returns ``ReduceSum(h)`` (a
+    reader that is no elementwise op)."""
+    g = ob._Graph(seed)
+
+    def scalar(value):
+        name = g.name("s")
+        g.inits.append(onnx.numpy_helper.from_array(np.array(value, np.float32), name))
+        return name
+
+    h = g.op("Add", [g.op("MatMul", ["x", g.weight(hidden, 2 * hidden)]), g.weight(2 * hidden)])
+    if act == "gelu":
+        inner = g.op("Mul", [g.op("Add", [h, g.op("Mul", [g.op("Pow", [h, scalar(3.0)]),
+                                                           scalar(0.044715)])]),
+                             scalar(np.sqrt(2 / np.pi))])
+        y = g.op("Mul", [g.op("Mul", [h, scalar(0.5)]), g.op("Add", [g.op("Tanh", [inner]),
+                                                                     scalar(1.0)])])
+    else:
+        y = g.op("Mul", [h, g.op("Sigmoid", [h])])
+    outputs = [(g.op("MatMul", [y, g.weight(2 * hidden, hidden)]), [1, hidden])]
+    if returned:
+        outputs.append((h, [1, 2 * hidden]))
+    if reduced:
+        outputs.append((g.op("ReduceSum", [h], keepdims=1), [1, 1]))
+    return g.model([("x", [1, hidden])], outputs, f"{act}_mlp")
+
+
+def two_sources(hidden=32, seed=0):
+    """``a * sigmoid(b)`` with ``a``, ``b`` two GEMVs of x, then a GEMV: two branches."""
+    g = ob._Graph(seed)
+    a = g.op("MatMul", ["x", g.weight(hidden, hidden)])
+    b = g.op("MatMul", ["x", g.weight(hidden, hidden)])
+    y = g.op("Mul", [a, g.op("Sigmoid", [b])])
+    out = g.op("MatMul", [y, g.weight(hidden, 2 * hidden)])
+    return g.model([("x", [1, hidden])], [(out, [1, 2 * hidden])], "two_sources")
+
+
+def _fused_callees(mod):
+    """{main's callee name: names of the PrimFuncs it calls} after BranchPreservingFusion."""
+    found = {}
+    for binding in mod["main"].body.blocks[0].bindings:
+        op = getattr(binding.value, "op", None)
+        if isinstance(op, tvm.ir.GlobalVar):
+            inner = [b.value.args[0].name_hint for b in mod[op].body.blocks[0].bindings]
+            found[op.name_hint] = inner
+        elif op is not None and op.name == "relax.call_tir":
+            found[binding.value.args[0].name_hint] = [binding.value.args[0].name_hint]
+    return found
+
+
+def _holding(mod, callee):
+    """main's callees that call the PrimFunc ``callee``."""
+    return [name for name, inner in _fused_callees(mod).items() if callee in inner]
+
+
+def test_tanh_gelu_is_the_epilogue_of_the_gemv_it_reads(monkeypatch):
+    """The GELU (two branches on h, joined by a multiply) joins h's GEMV + bias: two operators,
+    two waves (before: the GEMV, 0.5 h and the tanh branch, then the join as the next GEMV's
+    prologue: three waves). Without epilogues the joined GELU is the next GEMV's prologue."""
+    from relay_passes import branch_fusion
+
+    mod = ob.to_relax(gelu_mlp())
+    out = BranchPreservingFusion()(mod)
+    (first,) = _holding(out, "matmul")
+    assert {"add", "tir_tanh", "multiply"} <= set(_fused_callees(out)[first])
+    assert len(_fused_callees(out)) == 2 and len(graph_of(relax.transform.FuseTIR()(out)).waves()) == 2
+    without = BranchPreservingFusion(epilogues=False)(mod)
+    assert "tir_tanh" not in _fused_callees(without)[_holding(without, "matmul")[0]]
+    assert len(_fused_callees(without)) == 2 and "matmul1" in _fused_callees(without)[
+        _holding(without, "tir_tanh")[0]]
+    monkeypatch.setattr(branch_fusion, "_diamond_join", lambda *a: None)
+    before = BranchPreservingFusion(epilogues=False)(mod)
+    assert len(_fused_callees(before)) == 4
+    assert len(graph_of(relax.transform.FuseTIR()(before)).waves()) == 3
+
+
+def test_silu_is_the_epilogue_of_the_gemv_it_reads():
+    out = BranchPreservingFusion()(ob.to_relax(gelu_mlp(act="silu")))
+    assert len(_fused_callees(out)) == 2
+    assert "tir_sigmoid" in _fused_callees(out)[_holding(out, "matmul")[0]]
+
+
+@pytest.mark.parametrize("control", ["returned", "reduced"])
+def test_a_tensor_read_elsewhere_keeps_its_elementwise_function_apart(control):
+    """h also returned, or also read by a reduction: the GELU does not join h's GEMV (whoever
+    else reads h would wait for the GELU too); it is still one group, the next GEMV's prologue."""
+    out = BranchPreservingFusion()(ob.to_relax(gelu_mlp(**{control: True})))
+    (first,) = _holding(out, "matmul")
+    assert "tir_tanh" not in _fused_callees(out)[first]
+    (gelu,) = _holding(out, "tir_tanh")
+    assert "matmul1" in _fused_callees(out)[gelu]
+
+
+def test_an_elementwise_join_of_two_sources_is_no_diamond():
+    """a * sigmoid(b), a and b from two GEMVs: sigmoid joins b's GEMV (it alone reads b), the
+    multiply stays apart from a's GEMV (joining it would join the two branches): it is the last
+    GEMV's prologue, as before."""
+    out = BranchPreservingFusion()(ob.to_relax(two_sources()))
+    assert _fused_callees(out) == {"matmul": ["matmul"],
+                                   "fused_matmul_tir_sigmoid": ["matmul", "tir_sigmoid"],
+                                   "fused_multiply_matmul1": ["multiply", "matmul1"]}
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"act": "silu"}, {"returned": True}, {"reduced": True}])
+def test_epilogue_fused_module_computes_what_onnxruntime_computes(kwargs):
+    model = gelu_mlp(**kwargs)
+    feeds = ob.random_inputs(model)
+    got = ob.run_tvm_cpu(fused(ob.to_relax(model)), feeds)
+    want = ob.run_onnxruntime(model, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _gpt2_calls(layers=1):
+    """{main's callee: PrimFuncs it calls} of a reduced GPT-2 decode step after the rammer graph
+    passes up to FuseTIR (the fused functions before it)."""
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
+    from tvm_rammer.models import REDUCED, get_model
+
+    model = get_model("gpt2_decode", **{**REDUCED["gpt2_decode"], "layers": layers})
+    passes = [p for p in graph_passes(RammerConfig()) if p.info.name != "FuseTIR"]
+    return _fused_callees(tvm.transform.Sequential(passes)(import_onnx(model)))
+
+
+def test_reduced_gpt2_gelu_is_fc1s_epilogue_and_its_step_is_gone(monkeypatch):
+    """In the pipeline: fc1 (its LayerNorm fused in front by NormGEMVFusion) ends with the whole
+    GELU; before this rule 0.5 x and the tanh branch were two operators of their own (one step),
+    the join fc2's prologue."""
+    from relay_passes import branch_fusion
+
+    after = _gpt2_calls()
+    gelu_ops = ["power", "multiply1", "add9", "multiply2", "tir_tanh", "multiply3", "add10",
+                "multiply4"]
+    fc1 = [name for name, inner in after.items() if "tir_tanh" in inner]
+    assert len(fc1) == 1 and after[fc1[0]] == ["layer_norm", "matmul2_norm_gemv", "add8", *gelu_ops]
+    assert after["fused_matmul3_add6_add7"] == ["matmul3", "add6", "add7"]  # fc2 reads gelu(h)
+    monkeypatch.setattr(branch_fusion, "_diamond_join", lambda *a: None)
+    monkeypatch.setattr(branch_fusion, "_source_group", lambda *a: None)
+    before = _gpt2_calls()
+    assert len(before) == len(after) + 2
+    assert before["multiply3"] == ["multiply3"] and before[
+        "fused_power_multiply1_add9_multiply2_tir_tanh_add10"] == gelu_ops[:5] + ["add10"]
+    assert before["fused_multiply4_matmul3_add6_add7"][0] == "multiply4"
