@@ -232,13 +232,16 @@ WARP_SHAPES = [  # a warp per slot: GQA, 4 warps over chunks of 8 (2 slots a war
     DecodeAttentionShape(1, 4, 2, 32, 64, 8, 0.125, False, 1, "float16", "float16", "float16",
                          warps=4),
     DecodeAttentionShape(1, 2, 1, 20, 32, 8, 4.0, True, 0, "float16", "float32", "float32",
-                         warps=2)]  # a last chunk half full, a scalar position, 1 dim a lane
+                         warps=2),  # a last chunk half full, a scalar position, 1 dim a lane
+    DecodeAttentionShape(1, 2, 2, 72, 32, 2, 1.0, True, warps=2)]  # 36 chunks: 2 a lane
 
 
 def test_warp_per_slot_versions_match_numpy_on_the_cuda_emulator():
-    """The warp-per-slot phase 1 (the default where the shape has warps; shuffles, so the
-    emulator only), float32 and float16, grouped-query, at positions 0, inside a chunk, on a
-    chunk edge, L - 1 and negative; its slot bound one too far is detected."""
+    """The warp-per-slot phase 1 and the warp-per-dim combine (the defaults where the shape has
+    warps; shuffles, so the emulator only), float32 and float16, grouped-query, more chunks than
+    a warp's lanes, at positions 0, inside a chunk, on a chunk edge, L - 1 and negative; the
+    thread-per-dim combine reads the same ``part``; phase 1's slot bound one too far is
+    detected."""
     _emulator_or_skip()
     from tvm_rammer.checks.emulator.versions import _build, _run
     from tvm_rammer.target import resolve_target
@@ -248,20 +251,24 @@ def test_warp_per_slot_versions_match_numpy_on_the_cuda_emulator():
         names = [n for n, _ in partial_versions(shape)]
         assert names[0] == f"decode_attention_w{shape.warps}" and len(names) > 1
         tvm.ir.assert_structural_equal(partial_func(shape), partial_versions(shape)[0][1])
+        combines = combine_versions(shape)
+        assert combines[0][0] == f"decode_combine_w{shape.warps}" and len(combines) > 1
+        tvm.ir.assert_structural_equal(combine_func(shape), combines[0][1])
         assert DecodeAttentionShape.decode(shape.encode()) == shape
         funcs.update({f"w{i}": partial_func(shape), f"c{i}": combine_func(shape),
-                      f"wrong{i}": partial_func(shape, bound_shift=1)})
+                      f"t{i}": combines[-1][1], f"wrong{i}": partial_func(shape, bound_shift=1)})
     built = _build(funcs, resolve_target(TARGET), None)
 
-    def run(i, pname, p):
+    def run(i, pname, p, cname="c"):
         shape = WARP_SHAPES[i]
         q, k, v = _half_arrays(shape, seed=i)
         pos = np.array([p] if shape.pos_len else p, np.int64)
         part = _run(built, pname, [q, k, v, pos, np.full(
             (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32)],
                     60)[-1]
-        out = _run(built, f"c{i}", [part, pos, np.full(
+        out = _run(built, f"{cname}{i}", [part, pos, np.full(
             (shape.batch, shape.heads, 1, shape.head_dim), np.nan, shape.out_dtype)], 60)[-1]
+        assert out.dtype == np.dtype(shape.out_dtype)
         return out.astype(np.float64), reference(q, k, v, p, shape.scale, shape.divide)
 
     for i, shape in enumerate(WARP_SHAPES):
@@ -269,7 +276,9 @@ def test_warp_per_slot_versions_match_numpy_on_the_cuda_emulator():
             got, want = run(i, f"w{i}", p)
             np.testing.assert_allclose(got, want, err_msg=f"{shape} p={p}",
                                        **_half_tolerance(shape))
-        got, want = run(i, f"wrong{i}", 9)
+        got, want = run(i, f"w{i}", 9, "t")
+        np.testing.assert_allclose(got, want, **_half_tolerance(shape))
+        got, want = run(i, f"wrong{i}", 0)  # slot 1 read too: its chunk
         assert np.abs(got - want).max() > 1e-2, shape
 
 
@@ -278,6 +287,11 @@ def test_warp_per_slot_needs_whole_warps_of_dims():
         DecodeAttentionShape(1, 1, 1, 8, 16, 4, 1.0, True, warps=2)
     with pytest.raises(ValueError, match=r"a warp per slot needs D % 32 == 0"):
         da.warp_partial_func(SHAPES[0], 2)
+    with pytest.raises(ValueError, match=r"the combine's warps=3 must divide D=8"):
+        da.warp_combine_func(SHAPES[0], 3)
+    assert da.combine_warps(DecodeAttentionShape(1, 1, 1, 8, 96, 4, 1.0, True, warps=8)) == 8
+    assert da.combine_warps(DecodeAttentionShape(1, 1, 1, 8, 96, 4, 1.0, True, warps=4)) == 4
+    assert da.combine_warps(DecodeAttentionShape(1, 1, 1, 8, 32, 4, 1.0, True, warps=3)) == 2
 
 
 def test_rtasks_and_what_the_cost_model_is_charged():
@@ -301,6 +315,8 @@ def test_rtasks_and_what_the_cost_model_is_charged():
     lowered = prelower(partial_func(warp), target)
     assert (lowered.num_rtasks, lowered.threads) == (384, 256)
     assert param_bytes(partial_func(warp))[1:3] == [12 * 1024 * 64 * 4] * 2
+    lowered = prelower(combine_func(warp), target)  # a warp per dim: 8 dims an rTask
+    assert (lowered.num_rtasks, lowered.threads) == (96, 256)
     cache = 12 * 1024 * 64 * 4
     partial_bytes = param_bytes(partial_func(shape))
     assert partial_bytes[1:3] == [cache, cache]
@@ -683,3 +699,42 @@ def test_reduced_float16_decoder_on_the_emulator_matches_onnxruntime(name, monke
         monkeypatch.setattr(pass_module, "partial_func",
                             lambda shape: partial_func(shape, bound_shift=1))
         assert errors(emulator.emulation_build(model, config=config), 6)[0] > 5e-2
+
+
+@pytest.mark.slow
+def test_warp_layout_in_the_rammer_pipeline_on_the_emulator_matches_onnxruntime(monkeypatch):
+    """A reduced GPT-2 with head dim 32 through the rammer pipeline: phase 1 a warp per slot and
+    the warp-per-dim combine inside the rProgram (rTasks of 64 threads, 2 warps, 4 chunks of 4
+    slots filling 4 SMs x 4 vEUs), on the CPU emulator at positions 0, 6 and L - 1 (relative error
+    <= 1e-4 of onnxruntime); control: the bound one slot too far, detected."""
+    pytest.importorskip("onnxruntime")
+    _emulator_or_skip()
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.checks import emulator
+    from tvm_rammer.numerics import relative_error
+    from tvm_rammer.run.runner import onnx_reference
+
+    params = dict(REDUCED["gpt2_decode"], layers=1, d_model=128)
+    model = get_model("gpt2_decode", **params)
+    config = RammerConfig(num_sms=4, veus_per_sm=4, max_rtask_threads=64)
+    made = []
+    real = pass_module.partial_func
+
+    def recording(shape):
+        made.append(shape)
+        return real(shape)
+
+    monkeypatch.setattr(pass_module, "partial_func", recording)
+
+    def errors(build, p):
+        feeds = _feeds(model, p)
+        result = emulator.emulate(build, [feeds[i.name] for i in model.graph.input])
+        return [relative_error(o, r) for o, r in zip(result.outputs, onnx_reference(model, feeds))]
+
+    build = emulator.emulation_build(model, config=config)
+    assert [(s.warps, s.chunk, s.chunks) for s in made] == [(2, 4, 4)]
+    for p in (0, 6, params["max_len"] - 1):
+        assert max(errors(build, p)) <= 1e-4, p
+    monkeypatch.setattr(pass_module, "partial_func",
+                        lambda shape: real(shape, bound_shift=1))
+    assert errors(emulator.emulation_build(model, config=config), 6)[0] > 1e-3

@@ -51,8 +51,8 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 __all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "warp_partial_func",
-           "thread_partial_func", "combine_func",
-           "partial_versions", "combine_versions", "schedule_of", "DecodeAttentionRule",
+           "thread_partial_func", "combine_func", "warp_combine_func", "thread_combine_func",
+           "combine_warps", "partial_versions", "combine_versions", "schedule_of", "DecodeAttentionRule",
            "reference"]
 
 FLOATS = ("float32", "float16")  # what q, K, V and out may be
@@ -353,8 +353,90 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
 
 
 def combine_func(shape: DecodeAttentionShape, threads: int | None = None) -> tirx.PrimFunc:
-    """Phase 2 (module docstring): one rTask per (b, head), ``threads`` threads over D (None: the
-    most D fills, the default version)."""
+    """Phase 2 (module docstring), the default version when ``threads`` is None: a warp per dim
+    (:func:`warp_combine_func`) where the shape has warps, else a thread per dim
+    (:func:`thread_combine_func`, the most threads D fills); ``threads`` given: that
+    thread-per-dim version."""
+    if threads is None and shape.warps:
+        return warp_combine_func(shape, combine_warps(shape))
+    return thread_combine_func(shape, threads)
+
+
+def combine_warps(shape: DecodeAttentionShape) -> int:
+    """Warps of the default warp-per-dim combine: the most, up to ``shape.warps`` (phase 1's, the
+    vEU width), that divide D."""
+    return max(w for w in range(1, max(shape.warps, 1) + 1) if shape.head_dim % w == 0)
+
+
+def warp_combine_func(shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
+    """Phase 2, a warp per dim: one rTask per (b, head, ``warps`` consecutive dims) of ``warps``
+    x 32 threads (``D % warps == 0``); warp ``w`` computes ``out[b, h, 0, d]``, ``d = g * warps +
+    w``, its lane ``l`` taking chunks ``l, l + 32, ...``: the max of the chunks' ``m`` and the two
+    sums (of ``l_c exp(m_c - M)`` and ``acc_c[d] exp(m_c - M)``) are butterflies of xor shuffles,
+    no shared memory. More rTasks than a thread per dim (D / warps per head). Runs on a GPU (or
+    the CUDA emulator) only."""
+    B, H, L, D, C = shape.batch, shape.heads, shape.max_len, shape.head_dim, shape.chunk
+    W = int(warps)
+    if W < 1 or D % W:
+        raise ValueError(f"decode attention: the combine's warps={warps} must divide D={D}")
+    NC, P, G = shape.chunks, _pos_shape(shape), D // W
+    rounds = -(-NC // 32)
+    OT = shape.out_dtype
+    full = 0xFFFFFFFF
+
+    def pos_load(pos):
+        return pos[0] if P else pos[()]
+
+    def store(value):
+        return value if OT == "float32" else T.Cast(OT, value)
+
+    @T.prim_func(s_tir=True)
+    def combine(part: T.Buffer((B, H, NC, D + 2), "float32"), pos: T.Buffer(P, "int64"),
+                out: T.Buffer((B, H, 1, D), OT)):
+        T.func_attr({"tirx.noalias": True})
+        for task in T.thread_binding(B * H * G, thread="blockIdx.x"):
+            for tx in T.thread_binding(W * 32, thread="threadIdx.x"):
+                with T.sblock("combine"):
+                    T.reads(part[0:B, 0:H, 0:NC, 0:D + 2], pos[()] if not P else pos[0:1])
+                    T.writes(out[0:B, 0:H, 0, 0:D])
+                    mx = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    den = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    num = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    b = task // (H * G)
+                    h = task // G % H
+                    d = task % G * W + tx // 32
+                    lane = tx % 32
+                    lim, _use = _limit(pos_load(pos), L)
+                    used = (lim + C - 1) // C
+                    mx[0] = T.float32(F32_MIN)
+                    for r in range(rounds):
+                        if lane + r * 32 < used:
+                            mx[0] = T.max(mx[0], part[b, h, lane + r * 32, 0])
+                    for o in T.unroll(5):
+                        mx[0] = T.max(mx[0], T.tvm_warp_shuffle_xor(
+                            T.uint32(full), mx[0], T.shift_right(16, o), 32, 32))
+                    den[0] = T.float32(0)
+                    num[0] = T.float32(0)
+                    for r in range(rounds):
+                        if lane + r * 32 < used:
+                            den[0] = den[0] + part[b, h, lane + r * 32, 1] * T.exp(
+                                part[b, h, lane + r * 32, 0] - mx[0])
+                            num[0] = num[0] + part[b, h, lane + r * 32, 2 + d] * T.exp(
+                                part[b, h, lane + r * 32, 0] - mx[0])
+                    for o in T.unroll(5):
+                        den[0] = den[0] + T.tvm_warp_shuffle_xor(
+                            T.uint32(full), den[0], T.shift_right(16, o), 32, 32)
+                        num[0] = num[0] + T.tvm_warp_shuffle_xor(
+                            T.uint32(full), num[0], T.shift_right(16, o), 32, 32)
+                    if lane == 0:
+                        out[b, h, 0, d] = store(num[0] / den[0])
+    return combine.without_attr("global_symbol").with_attrs({  # named by the module it joins
+        "op_pattern": OPAQUE, KIND_ATTR: "combine", _PARAMS_ATTR: shape.encode()})
+
+
+def thread_combine_func(shape: DecodeAttentionShape, threads: int | None = None) -> tirx.PrimFunc:
+    """Phase 2, a thread per dim: one rTask per (b, head), ``threads`` threads over D (None: the
+    most D fills). Also runs with its thread loops serial (llvm)."""
     B, H, L, D, C = shape.batch, shape.heads, shape.max_len, shape.head_dim, shape.chunk
     NC, TH, P = shape.chunks, threads or _widest(shape.head_dim), _pos_shape(shape)
     per_thread = -(-D // TH)
@@ -422,10 +504,16 @@ def partial_versions(shape: DecodeAttentionShape) -> list:
 
 
 def combine_versions(shape: DecodeAttentionShape) -> list:
-    """(name, PrimFunc) of every phase-2 variant: 32 threads, and 64 / 128 where D fills them;
-    the most threads first (the default, what :func:`combine_func` makes)."""
-    return [(f"decode_combine_t{t}", combine_func(shape, t)) for t in (128, 64, 32)
-            if t == 32 or t <= shape.head_dim]
+    """(name, PrimFunc) of every phase-2 variant: where the shape has warps, a warp per dim
+    (:func:`combine_warps` warps) first (the default, what :func:`combine_func` makes); then a
+    thread per dim with 32 threads, and 64 / 128 where D fills them, the most threads first (the
+    default of a shape without warps)."""
+    found = []
+    if shape.warps:
+        warps = combine_warps(shape)
+        found.append((f"decode_combine_w{warps}", warp_combine_func(shape, warps)))
+    return found + [(f"decode_combine_t{t}", thread_combine_func(shape, t))
+                    for t in (128, 64, 32) if t == 32 or t <= shape.head_dim]
 
 
 def schedule_of(func) -> list:
