@@ -23,6 +23,16 @@ norm's own result): each GEMV node becomes one Primitive function holding the no
 the GEMV's, and the norm's binding goes. Several readers (Llama's q, k, v; gate and up) each
 recompute the norm.
 
+The prologue also takes the elementwise nodes that lead to the norm's row (at most
+:data:`MAX_PROLOGUE`: one row in, one row out, at most broadcast pattern, per-element parameters
+only): HF's RMSNorm reads ``hidden_states.to(float32)``, a cast the grouping leaves a call_tir of
+its own (its output is read twice in the norm's group) while the residual add reads the float16
+stream uncast. Each fused function then takes the float16 row and casts it as it reads it. A
+prologue node whose output is also read by anything else (or returned) stays for that reader, and
+the fused functions still recompute it (K values, re-read from L2 as the norm re-reads its row):
+the norm's GEMVs do not wait for its step either way. A residual add (two activations) is no
+prologue node.
+
 What is emitted. The fused function calls a copy of the matmul PrimFunc whose reduction block is
 annotated ``rammer.norm_gemv`` (FuseTIR keeps block annotations, not function attributes): the
 schedule rule ``tir_templates.norm_gemv.NormGEMV`` recognises the fused PrimFunc by it.
@@ -32,6 +42,8 @@ with each fusable norm and its GEMVs rewritten as above; unchanged when none qua
 before FuseTIR.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -228,8 +240,73 @@ def _norm(graph, node, weights):
     return k
 
 
+MAX_PROLOGUE = 4  # elementwise nodes taken into the prologue before a norm (HF's upcast is one)
+
+
+def _elementwise(graph, node, weights, shape):
+    """The activation TensorRef of ``node`` when it is an elementwise step of one row: a call_tir or
+    group of at most broadcast pattern (a cast, an affine map) with one output and one activation
+    input, both of ``shape`` (the norm's row; the dtypes may differ), the other inputs per-element
+    parameters (K values or one); else None."""
+    calls = _callee_calls(graph, node)
+    if not calls or len(node.outputs) != 1 or node.outputs[0].shape != shape:
+        return None
+    if any(callee_pattern(graph.mod, g) > BROADCAST for g, _ in calls):
+        return None
+    activations = [t for t in node.inputs if not _is_weight(t, weights)]
+    if len(activations) != 1 or activations[0].shape != shape:
+        return None
+    if any(not _static(t.shape) or int(np.prod(t.shape)) not in (1, shape[-1]) for t in node.inputs
+           if t != activations[0]):
+        return None
+    return activations[0]
+
+
+def _prologue(graph, norm, weights):
+    """Indices of the elementwise nodes (:func:`_elementwise`) that lead to ``norm``'s row, first
+    first, at most :data:`MAX_PROLOGUE`: Llama's RMSNorm reads ``hidden_states.to(float32)``,
+    a cast of the residual stream that the residual add reads uncast, so the cast is a node of
+    its own before the norm. Every fused function recomputes them (a re-read of the K values
+    the norm reads anyway), so the norm's GEMVs no longer wait for them; a node whose output is
+    read by anything else as well stays for that reader (:func:`_dropped`)."""
+    shape = norm.outputs[0].shape
+    (row,) = [t for t in norm.inputs if not _is_weight(t, weights)]
+    chain = []
+    while row.producer is not None and len(chain) < MAX_PROLOGUE:
+        node = graph.nodes[row.producer]
+        if node.kind == "alias":
+            break
+        row = _elementwise(graph, node, weights, shape)
+        if row is None:
+            break
+        chain.insert(0, node.index)
+    return chain
+
+
+def _dropped(graph, fusions) -> set:
+    """The node indices the fused functions replace: every fused norm, and each prologue node
+    whose every reader is replaced too and whose output is not an output of ``main``."""
+    dropped = {f.norm for f in fusions}
+    for index in sorted({i for f in fusions for i in f.prologue}, reverse=True):
+        node = graph.nodes[index]
+        if not graph.is_graph_output(node.outputs[0]) \
+                and all(c in dropped for c in graph.consumers(node.outputs[0])):
+            dropped.add(index)
+    return dropped
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One norm to fuse: its node index, its readers (``_Gemv`` s) and the indices of the
+    elementwise nodes before it taken into the prologue (:func:`_prologue`, first first)."""
+
+    norm: int
+    gemvs: tuple
+    prologue: tuple = ()
+
+
 def find_fusions(graph, max_row_bytes: int = None, max_threads: int = 256) -> list:
-    """[(norm node index, [_Gemv])] for every norm to fuse into its readers, in binding order
+    """[:class:`Fusion`] for every norm to fuse into its readers, in binding order
     (a normalised row of at most ``max_row_bytes``; default :data:`MAX_ROW_BYTES`), each reader
     one the NormGEMV rule lays out in rTasks of at most ``max_threads`` threads
     (``norm_gemv_shape``): a fused function it cannot schedule would go to dlight's generic rules,
@@ -254,7 +331,7 @@ def find_fusions(graph, max_row_bytes: int = None, max_threads: int = 256) -> li
             continue
         if any(norm_gemv_shape(g.n, k, g.itemsize, max_threads) is None for g in gemvs):
             continue
-        fusions.append((node.index, gemvs))
+        fusions.append(Fusion(node.index, tuple(gemvs), tuple(_prologue(graph, node, weights))))
     return fusions
 
 
@@ -300,15 +377,13 @@ def _args_of(node):
 def _emit(mod, graph, fusions):
     bb = relax.BlockBuilder(mod)
     annotated = {}
-    replace, dropped = {}, set()
-    for norm_index, gemvs in fusions:
-        norm = graph.nodes[norm_index]
-        for gemv in gemvs:
+    replace = {}
+    for fusion in fusions:
+        chain = [graph.nodes[i] for i in (*fusion.prologue, fusion.norm)]
+        for gemv in fusion.gemvs:
             if gemv.matmul.name_hint not in annotated:
                 annotated[gemv.matmul.name_hint] = bb.add_func(
                     annotated_matmul(graph.mod[gemv.matmul]), f"{gemv.matmul.name_hint}_norm_gemv")
-            norm_args = _args_of(norm)
-            gemv_args = _args_of(gemv.node)
             ext, params = [], []
 
             def param(expr):
@@ -319,20 +394,26 @@ def _emit(mod, graph, fusions):
                 params.append(relax.Var(f"p{len(params)}", expr.ty))
                 return params[-1]
 
-            norm_vars = [param(a) for a in norm_args]
-            row_expr = norm.var
-            other = [None if a.same_as(row_expr) else param(a) for a in gemv_args]
+            # the prologue's and the norm's arguments: the previous node's output is the inner var
+            chain_args = [[None if any(a.same_as(m.var) for m in chain[:c]) else param(a)
+                           for a in _args_of(node)] for c, node in enumerate(chain)]
+            other = [None if a.same_as(chain[-1].var) else param(a) for a in _args_of(gemv.node)]
             callee = gemv.node.gvar if gemv.node.kind == "call_tir" else gemv.node.value.op
             name = f"fused_norm_{callee.name_hint}"[:64]
             with bb.function(name, params, private=True, attrs={"Primitive": True}):
                 with bb.dataflow():
-                    row = _group_body(graph, norm, norm_vars, bb)
+                    inner = {}
+                    for node, args in zip(chain, chain_args):
+                        args = [inner[a] if v is None else v
+                                for a, v in zip(_args_of(node), args)]
+                        inner[node.var] = _group_body(graph, node, args, bb)
+                    row = inner[chain[-1].var]
                     args = [row if v is None else v for v in other]
                     out = _group_body(graph, gemv.node, args, bb,
                                       {gemv.matmul: annotated[gemv.matmul.name_hint]}, output=True)
                 gvar = bb.emit_func_output(out)
             replace[gemv.node.index] = relax.Call(gvar, ext)
-        dropped.add(norm_index)
+    dropped = _dropped(graph, fusions)
     bindings = []
     for i, b in enumerate(graph.block.bindings):
         if i in dropped:
@@ -347,8 +428,9 @@ def _emit(mod, graph, fusions):
     still_called = set()
     relax.analysis.post_order_visit(new_main, lambda e: still_called.add(e)
                                     if isinstance(e, tvm.ir.GlobalVar) else None)
-    for norm_index, gemvs in fusions:
-        for node in (graph.nodes[norm_index], *(g.node for g in gemvs)):
+    for fusion in fusions:
+        for node in (*(graph.nodes[i] for i in (*fusion.prologue, fusion.norm)),
+                     *(g.node for g in fusion.gemvs)):
             if node.kind != "call_tir" and node.value.op not in still_called:
                 out = tvm.IRModule({gv: f for gv, f in out.functions_items()
                                     if not gv.same_as(node.value.op)}, attrs=out.attrs)

@@ -5,12 +5,15 @@ The pass: Before/Expected on ``layer_norm -> matmul + bias`` after the grouping 
 function per GEMV holding the norm's call then the GEMV's, the matmul's block annotated), an
 exported RMSNorm fused as well; a norm whose output is also read by something else (a residual,
 BERT's post-LN) or returned is left as it is, and a square GEMV with its bias and ReLU (which
-reduces over its row's K values too) is no norm. The rule: its one-kernel schedule run on llvm
-(thread loops serial) against NumPy's LayerNorm / RMSNorm then matmul, float32 and float16, with
-a negative control (the epsilon changed) that the same check detects. The pipeline: reduced
-gpt2_decode and llama_decode have no norm operator left (llama: q, k, v, gate and up each
-recompute theirs) and, on the CPU emulator, are one launch matching onnxruntime (GPT-2: with a
-wrong epsilon in the fused kernels detected).
+reduces over its row's K values too) is no norm. HF's RMSNorm upcast (``x.to(float32)``, a cast
+of its own before the norm) joins the prologue (Before/Expected; with the residual add reading
+the uncast ``x`` it goes, read elsewhere or returned it stays and is recomputed). The rule: its
+one-kernel schedule run on llvm (thread loops serial) against NumPy's LayerNorm / RMSNorm then
+matmul, float32 and float16 (and a float16 ``x`` upcast inside the kernel), with a negative
+control (the epsilon changed) that the same check detects. The pipeline: reduced gpt2_decode and
+llama_decode have no norm operator left (llama: q, k, v, gate and up each recompute theirs; its
+float16 export no upcast either) and, on the CPU emulator, are one launch matching onnxruntime
+(GPT-2: with a wrong epsilon in the fused kernels detected).
 """
 import shutil
 
@@ -48,16 +51,25 @@ def _rms_norm(bb, x, g):
     return bb.emit(op.multiply(relax.const(g), bb.emit(op.multiply(x, inv))))
 
 
-def _high_level(residual=False, returned=False, dtype="float32", norm="layer"):
+def _high_level(residual=False, returned=False, dtype="float32", norm="layer", upcast=None):
     """``main(x) = layer_norm(x) [-> astype] @ W + b`` (``residual``: plus the norm's output
     added to the result; ``returned``: the norm's output returned too; ``norm="rms"``: an
-    RMSNorm as exported instead)."""
+    RMSNorm as exported instead). ``upcast``: ``x`` is float16 and the norm reads
+    ``x.astype(float32)`` (HF's RMSNorm); ``"residual"``: ``x + x`` (uncast, as Llama's residual
+    add reads the stream) returned too; ``"cast_read"``: ``xf + xf`` of the cast ``xf`` returned
+    too; ``"cast_returned"``: ``xf`` returned too; any other true value: nothing else."""
     g, beta, w, bias = _consts(dtype)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", _tensor((1, 1, K)))
+    x = relax.Var("x", _tensor((1, 1, K), "float16" if upcast else "float32"))
     op = relax.op
     with bb.function("main", [x]):
         with bb.dataflow():
+            x16, extra = x, None
+            if upcast:
+                x = bb.emit(op.astype(x16, "float32"))
+                extra = {"residual": lambda: bb.emit(op.add(x16, x16)),
+                         "cast_read": lambda: bb.emit(op.add(x, x)),
+                         "cast_returned": lambda: x}.get(upcast, lambda: None)()
             if norm == "dense":  # a square GEMV, bias and ReLU: no norm (AlexNet's classifier)
                 square = (np.random.default_rng(5).standard_normal((K, K)) / 8).astype(dtype)
                 ln = bb.emit(op.nn.relu(op.add(op.matmul(x, relax.const(square)),
@@ -72,7 +84,8 @@ def _high_level(residual=False, returned=False, dtype="float32", norm="layer"):
                                          dtype), relax.const(bias)))
             if residual:
                 y = bb.emit(op.add(bb.emit(op.matmul(row, relax.const(w[:, :K]))), row))
-            out = bb.emit_output(relax.Tuple([y, ln]) if returned else y)
+            outs = [y, *([ln] if returned else []), *([extra] if extra is not None else [])]
+            out = bb.emit_output(relax.Tuple(outs) if len(outs) > 1 else y)
         bb.emit_func_output(out)
     return bb.get()
 
@@ -131,6 +144,87 @@ def _expected(before):
                          if gv.name_hint != gemv_call.op.name_hint}, attrs=out.attrs)
 
 
+def _expected_with_cast(before):
+    """What the pass should make of ``_grouped(_high_level(norm="rms", upcast=True))`` (main: the
+    cast's call_tir, the RMSNorm group, the GEMV group): main calls one fused function taking the
+    float16 ``x`` that casts it, then the norm group's calls, then the annotated matmul and the
+    bias add; the cast's and the norm's bindings go."""
+    main = before["main"]
+    cast_b, norm_b, gemv_b = main.body.blocks[0].bindings[:3]
+    cast_call, norm_call, gemv_call = cast_b.value, norm_b.value, gemv_b.value
+    assert cast_call.args[0].name_hint == "cast" and norm_call.args[0].same_as(cast_b.var)
+    group = before[gemv_call.op]
+    matmul_call, add_call = [b.value for b in group.body.blocks[0].bindings]
+    bb = relax.BlockBuilder(before)
+    annotated = bb.add_func(annotated_matmul(before[matmul_call.args[0]]),
+                            f"{matmul_call.args[0].name_hint}_norm_gemv")
+    ext = [cast_call.args[1].fields[0], *norm_call.args[1:], *gemv_call.args[1:]]
+    params = [relax.Var(f"p{i}", e.ty) for i, e in enumerate(ext)]
+    with bb.function(f"fused_norm_{gemv_call.op.name_hint}", params, private=True,
+                     attrs={"Primitive": True}):
+        with bb.dataflow():
+            cast = bb.emit(relax.call_tir(cast_call.args[0], relax.Tuple([params[0]]),
+                                          out_ty=cast_b.var.ty))
+            norm = before[norm_call.op]
+            inner = dict(zip(norm.params, [cast, params[1]]))
+            for b in norm.body.blocks[0].bindings:
+                args = [inner.get(a, a) for a in b.value.args[1].fields]
+                inner[b.var] = bb.emit(relax.call_tir(b.value.args[0], relax.Tuple(args),
+                                                      out_ty=b.var.ty), str(b.var.name))
+            mm = bb.emit(relax.call_tir(annotated, relax.Tuple([inner[norm.body.body], params[2]]),
+                                        out_ty=matmul_call.ty))
+            out = bb.emit_output(relax.call_tir(add_call.args[0], relax.Tuple([mm, params[3]]),
+                                                out_ty=add_call.ty))
+        fused = bb.emit_func_output(out)
+    bindings = [relax.VarBinding(gemv_b.var, relax.Call(fused, ext)),
+                *main.body.blocks[0].bindings[3:]]
+    new_main = relax.Function(main.params, relax.SeqExpr([relax.DataflowBlock(bindings)],
+                                                         main.body.body),
+                              main.ret_ty, main.is_pure, main.attrs)
+    bb.update_func(before.get_global_var("main"), relax.BlockBuilder().normalize(new_main))
+    out = bb.finalize()
+    gone = (norm_call.op.name_hint, gemv_call.op.name_hint)
+    return tvm.IRModule({gv: f for gv, f in out.functions_items() if gv.name_hint not in gone},
+                        attrs=out.attrs)
+
+
+def test_the_upcast_before_an_rms_norm_joins_the_prologue():
+    """HF's RMSNorm reads ``x.to(float32)``: the grouping leaves that cast a call_tir of its own
+    (its output is read twice in the norm's group); the fused function takes the float16 ``x``
+    and casts it itself, and the cast's step goes."""
+    before = _grouped(_high_level(norm="rms", upcast=True))
+    assert _calls(before["main"])[0] == "cast" and len(_calls(before["main"])) == 3
+    after = NormGEMVFusion()(before)
+    tvm.ir.assert_structural_equal(after, _expected_with_cast(before))
+
+
+def test_the_upcast_goes_with_the_residual_reading_the_uncast_stream():
+    """Llama: the residual add reads the float16 stream, the cast only the norm: the cast goes,
+    the add stays."""
+    before = _grouped(_high_level(norm="rms", upcast="residual"))
+    after = NormGEMVFusion()(before)
+    (fused,) = [n for n in _calls(after["main"]) if n.startswith("fused_norm")]
+    assert "cast" in _calls(before["main"]) and "cast" not in _calls(after["main"])
+    assert "cast" in _calls(after[fused]) and "add" in _calls(after["main"])
+
+
+@pytest.mark.parametrize("upcast", ["cast_read", "cast_returned"])
+def test_a_cast_read_elsewhere_stays_and_the_prologue_recomputes_it(upcast):
+    """Control: the cast's output is also read by an add or returned: its binding stays for that
+    reader, and the fused function still casts ``x`` itself (recomputed, K values: the norm's
+    GEMVs do not wait for the cast's step)."""
+    before = _grouped(_high_level(norm="rms", upcast=upcast))
+    after = NormGEMVFusion()(before)
+    (fused,) = [n for n in _calls(after["main"]) if n.startswith("fused_norm")]
+    assert _calls(after["main"]).count("cast") == 1 and _calls(after[fused])[0] == "cast"
+    assert len(_calls(after["main"])) == len(_calls(before["main"])) - 1  # the norm went
+    main = after["main"]
+    (call,) = [b.value for b in main.body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)
+               and b.value.op.name_hint == fused]
+    assert call.args[0].same_as(main.params[0])  # the float16 x, not the cast's output
+
+
 def test_layer_norm_becomes_the_prologue_of_its_gemv():
     before = _grouped(_high_level())
     assert _calls(before["main"])[:2] == ["layer_norm", "fused_matmul_add"]
@@ -181,9 +275,9 @@ def test_the_pass_and_the_rule_are_in_the_rammer_pipeline_and_the_flag_turns_the
 
 # The rule.
 
-def _fused_prim_func(dtype, norm="layer"):
-    mod = relax.transform.FuseTIR()(NormGEMVFusion()(_grouped(_high_level(dtype=dtype,
-                                                                          norm=norm))))
+def _fused_prim_func(dtype, norm="layer", upcast=None):
+    mod = relax.transform.FuseTIR()(NormGEMVFusion()(_grouped(_high_level(
+        dtype=dtype, norm=norm, upcast=upcast))))
     (func,) = [f for gv, f in mod.functions_items()
                if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused_norm")]
     return func
@@ -191,6 +285,7 @@ def _fused_prim_func(dtype, norm="layer"):
 
 def _numpy(x, dtype, eps=EPS, norm="layer"):
     g, beta, w, bias = _consts(dtype)
+    x = x.astype("float32")  # a float16 x: the upcast is exact
     if norm == "rms":
         row = (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g).astype(dtype)
     else:
@@ -220,15 +315,23 @@ def _with_epsilon(func, eps):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.FloatImm, swap)]))
 
 
-@pytest.mark.parametrize("dtype, norm", [("float32", "layer"), ("float16", "layer"),
-                                         ("float32", "rms")])
-def test_the_one_kernel_schedule_matches_numpy_on_llvm(dtype, norm):
-    func = _fused_prim_func(dtype, norm)
+@pytest.mark.parametrize("dtype, norm, upcast", [
+    ("float32", "layer", None), ("float16", "layer", None), ("float32", "rms", None),
+    ("float16", "rms", "residual"), ("float32", "layer", "residual")],
+    ids=["layer-float32", "layer-float16", "rms-float32", "upcast-rms-float16",
+         "upcast-layer-float32"])
+def test_the_one_kernel_schedule_matches_numpy_on_llvm(dtype, norm, upcast):
+    """``upcast``: a float16 ``x`` cast to float32 before the norm (the cast inside the fused
+    kernel: RMSNorm's as its own node, LayerNorm's grouped with the norm)."""
+    func = _fused_prim_func(dtype, norm, upcast)
     scheduled = NormGEMV().apply(func, tvm.target.Target("cuda"))
     assert scheduled is not None
     text = scheduled.mod["main"].script()
     assert text.count('thread="blockIdx.x"') == 1 and NORM_GEMV_ANNOTATION not in text
-    x = (np.random.default_rng(3).standard_normal((1, 1, K)) * 2 + 0.5).astype("float32")
+    x = (np.random.default_rng(3).standard_normal((1, 1, K)) * 2 + 0.5).astype(
+        "float16" if upcast else "float32")
+    if upcast:
+        assert str(func.params[0].dtype) == "float16"
     got = _run_llvm(scheduled.mod["main"], x, dtype, norm)
     tol = 1e-5 if dtype == "float32" else 2e-3
     np.testing.assert_allclose(got, _numpy(x, dtype, norm=norm), rtol=tol, atol=tol)
@@ -332,9 +435,10 @@ def test_weights_apart_the_fused_gemvs_take_the_parameters_and_match_onnxruntime
     assert max(errors) <= 1e-4, errors
 
 
-def _emulated_errors(name, precision="float32"):
-    """(launches, relative errors of the outputs) of reduced ``name`` through the rammer
-    pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator against onnxruntime."""
+def _emulated_errors(name, precision="float32", dtype="float32"):
+    """(launches, relative errors of the outputs) of reduced ``name`` (exported in ``dtype``)
+    through the rammer pipeline's CUDA (2 SMs x 2 vEUs) on the CPU emulator against
+    onnxruntime."""
     pytest.importorskip("onnxruntime")
     if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
         pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
@@ -343,8 +447,11 @@ def _emulated_errors(name, precision="float32"):
     from tvm_rammer.numerics import relative_error
     from tvm_rammer.run.runner import onnx_reference
 
-    model = get_model(name, **REDUCED[name])
+    model = get_model(name, dtype=dtype, **REDUCED[name])
     feeds = _decode_feeds(model)
+    if dtype == "float16":
+        feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v
+                 for k, v in feeds.items()}
     config = RammerConfig(num_sms=2, veus_per_sm=2, precision=precision)
     result = emulator.emulate(emulator.emulation_build(model, config=config),
                               [feeds[i.name] for i in model.graph.input])
@@ -374,3 +481,22 @@ def test_reduced_decoders_on_the_emulator_match_onnxruntime(name, precision):
     gate and up (float32, <= 1e-4)."""
     launches, errors = _emulated_errors(name, precision)
     assert launches == 1 and max(errors) <= (2e-2 if precision == "float16" else 1e-4), errors
+
+
+def test_reduced_llama_float16_export_casts_inside_the_fused_gemvs():
+    """The float16 export's RMSNorms read ``hidden_states.to(float32)``: without the fusion the
+    upcasts are call_tirs of their own (one before each norm but the last, whose cast joined the
+    residual add's group); with it no cast is left before a norm in main."""
+    model = get_model("llama_decode", dtype="float16", **REDUCED["llama_decode"])
+    with_fusion, without = _main_calls(model, True), _main_calls(model, False)
+    layers = REDUCED["llama_decode"]["layers"]
+    assert without.count("cast") == 2 * layers and "cast" not in with_fusion
+    assert len(with_fusion) == len(without) - (2 * layers + 1) - 2 * layers
+
+
+@pytest.mark.slow
+def test_reduced_llama_float16_export_on_the_emulator_matches_onnxruntime():
+    """The casts inside the fused kernels: one launch, within float16's tolerance 2e-2 of
+    onnxruntime on the float16 export."""
+    launches, errors = _emulated_errors("llama_decode", dtype="float16")
+    assert launches == 1 and max(errors) <= 2e-2, errors

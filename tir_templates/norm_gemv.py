@@ -7,8 +7,10 @@ one PrimFunc, whose matmul block carries the annotation ``rammer.norm_gemv``. dl
 several kernels of it (the norm's result through global memory). This rule makes one, in which
 every thread block (rTask) computes the norm itself:
 
-1. the blocks between the input row and the matmul's row are inlined into their readers (the
-   mean into the variance sum and the normalisation, the normalisation into the cast), so what is
+1. the blocks between the input row and the matmul's row are inlined into their readers (an
+   upcast of the input row into the sums and the normalisation, so every rTask reads the float16
+   row and casts as it reads; the mean into the variance sum and the normalisation, the
+   normalisation into the cast), so what is
    left is the norm's sums (reductions over K), the block writing the matmul's row, the matmul
    and its epilogue;
 2. the matmul is scheduled as ``tir_templates.gemv_templates`` does: ``vec`` adjacent columns per
