@@ -57,16 +57,23 @@ warps (``tir_templates.decode_attention.warp_partial_func``); else a thread per 
 kernels' default without warps). ``veus``: the vEUs to fill (SMs x vEUs per SM of an rTask of
 ``threads``); given, the chunk is :func:`chunk_to_fill`'s (one round of rTasks, as many as fit);
 ``chunk``: slots per chunk, overriding both (None and no ``veus``:
-``tir_templates.decode_attention.chunk_for(L)``).
+``tir_templates.decode_attention.chunk_for(L)``). ``fold_consumers``: the combine's only reader,
+when it is a cast from float32 (or to the combine's own dtype), the transpose ``permute_dims(x,
+[0, 2, 1, 3])`` of the one token's heads or a reshape to ``[B, 1, H, D]`` / ``[B, 1, H * D]`` /
+``[B, H, 1, D]``, becomes the combine storing that dtype and layout (repeatedly: HF's ``astype``,
+``transpose``, ``reshape`` after the attention become no kernel; the elements keep their order,
+and the combine rounds its float32 result once, as the cast did).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from tir_templates.decode_attention import (DecodeAttentionShape, chunk_for, combine_func,
-                                            partial_func)
+from tir_templates.decode_attention import (KIND_ATTR, DecodeAttentionShape, chunk_for,
+                                            combine_func, partial_func)
 
 from .known_values import static_shape
 from .unused_bindings import remove_unused_bindings
@@ -76,6 +83,7 @@ __all__ = ["DecodeAttentionSplit", "chunk_to_fill"]
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
     "matmul", "permute_dims", "divide", "multiply", "add", "where", "greater", "nn.softmax",
     "reshape", "broadcast_to", "expand_dims", "astype")}
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 CONSTANT = tvm.ir.expr.Constant
 FLOATS = ("float32", "float16")
 MASK_MIN = {dtype: np.finfo(dtype).min for dtype in FLOATS}
@@ -131,6 +139,7 @@ class _Rewriter(relax.PyExprMutator):
         self.veus = veus
         self.threads = threads
         self.rewrites = 0
+        self.combines = {}  # combine GlobalVar -> its shape
 
     def _layout(self, batch, heads, length, dim):
         """(chunk, warps) of an attention of this shape (module docstring)."""
@@ -248,6 +257,7 @@ class _Rewriter(relax.PyExprMutator):
         part = self.builder_.emit(relax.call_tir(
             partial, [q, k_cache, v_cache, pos], relax.TensorType((b, h, nc, d + 2), "float32")))
         self.rewrites += 1
+        self.combines[combine] = shape
         return relax.call_tir(combine, [part, pos],
                               relax.TensorType((b, h, 1, d), shape.out_dtype))
 
@@ -299,6 +309,92 @@ class _Rewriter(relax.PyExprMutator):
         return q, k[0], vv[0], pos, shape
 
 
+def _uses(func):
+    """How many bindings (and the function's result) read each var of ``func``."""
+    uses = {}
+    exprs = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
+    for expr in exprs:
+        for var in relax.analysis.free_vars(expr):
+            uses[var] = uses.get(var, 0) + 1
+    return uses
+
+
+_LAYOUT_OF_SHAPE = {  # out_layout by the result's shape (module docstring of the kernels)
+    "": lambda b, h, d: [b, h, 1, d], "b1hd": lambda b, h, d: [b, 1, h, d],
+    "b1x": lambda b, h, d: [b, 1, h * d]}
+
+
+@relax.expr_functor.mutator
+class _Folder(relax.PyExprMutator):
+    """A combine's only reader that is a cast from float32 (or to its own dtype), the transpose
+    ``permute_dims(x, [0, 2, 1, 3])`` of one token's heads, or a reshape to ``[B, 1, H, D]``,
+    ``[B, 1, H * D]`` or ``[B, H, 1, D]`` becomes the combine itself, storing that dtype and
+    layout (the same elements in the same order; the combine computes in float32 and rounds once,
+    as the cast of its float32 result does)."""
+
+    def __init__(self, mod, combines, uses):
+        super().__init__(mod)
+        self.combines = combines
+        self.uses = uses
+        self.folds = 0
+
+    def _folded(self, call):
+        """(combine GlobalVar, its shape, its args) of the combine call ``call``'s input is bound
+        to when that input is read once; else None."""
+        x = call.args[0]
+        if not isinstance(x, relax.Var) or self.uses.get(x, 0) != 1:
+            return None
+        value = self.lookup_binding(x)
+        if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR) \
+                or value.args[0] not in self.combines:
+            return None
+        return value.args[0], self.combines[value.args[0]], list(value.args[1].fields)
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        names = [n for n in ("astype", "permute_dims", "reshape") if _is_op(call, n)]
+        found = self._folded(call) if names else None
+        if found is None:
+            return call
+        _, shape, args = found
+        new = None
+        if names == ["astype"] and _dtype(call) in FLOATS \
+                and shape.out_dtype in ("float32", _dtype(call)):
+            new = dataclasses.replace(shape, out_dtype=_dtype(call))
+        elif names == ["permute_dims"] and call.attrs.axes is not None \
+                and _ints(call.attrs.axes) == [0, 2, 1, 3] and shape.out_layout == "":
+            new = dataclasses.replace(shape, out_layout="b1hd")
+        elif names == ["reshape"]:
+            want = _shape(call)
+            layouts = [k for k, f in _LAYOUT_OF_SHAPE.items()
+                       if f(shape.batch, shape.heads, shape.head_dim) == want]
+            new = dataclasses.replace(shape, out_layout=layouts[0]) if layouts else None
+        if new is None:
+            return call
+        combine = self.builder_.add_func(combine_func(new), "decode_attention_combine")
+        self.combines[combine] = new
+        self.folds += 1
+        return relax.call_tir(combine, args, relax.TensorType(list(new.out_shape),
+                                                              new.out_dtype))
+
+
+def _without_unused_combines(mod):
+    """``mod`` without the combine PrimFuncs no Relax function calls any more."""
+    called = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    value = binding.value
+                    if isinstance(value, relax.Call) and isinstance(value.args[0] if value.args
+                                                                    else None, tvm.ir.GlobalVar):
+                        called.add(value.args[0])
+    keep = {gv: f for gv, f in mod.functions_items()
+            if gv in called or not isinstance(f, tvm.tirx.PrimFunc) or f.attrs is None
+            or f.attrs.get(KIND_ATTR, None) != "combine"}
+    return tvm.IRModule(keep, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
 @tvm.transform.module_pass(opt_level=0, name="DecodeAttentionSplit")
 class DecodeAttentionSplit:
     """Replace each masked decode attention over a static cache by the split kernels (see the
@@ -306,7 +402,7 @@ class DecodeAttentionSplit:
     LegalizeOps."""
 
     def __init__(self, chunk: int | None = None, veus: int | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, fold_consumers: bool = False):
         for name, value in (("chunk", chunk), ("veus", veus)):
             if value is not None and value < 1:
                 raise ValueError(f"DecodeAttentionSplit: {name}={value} must be positive")
@@ -314,6 +410,7 @@ class DecodeAttentionSplit:
             raise ValueError(f"DecodeAttentionSplit: threads={threads} must be a positive "
                              "multiple of 32 (whole warps)")
         self.chunk, self.veus, self.threads = chunk, veus, threads
+        self.fold_consumers = bool(fold_consumers)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         rewriter = _Rewriter(mod, self.chunk, self.veus, self.threads)
@@ -323,4 +420,16 @@ class DecodeAttentionSplit:
                 new = rewriter.visit_expr(func)
                 if rewriter.rewrites > before:
                     rewriter.builder_.update_func(gv, remove_unused_bindings(new))
-        return rewriter.builder_.get() if rewriter.rewrites else mod
+        if not rewriter.rewrites:
+            return mod
+        mod = rewriter.builder_.get()
+        if not self.fold_consumers:
+            return mod
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                folder = _Folder(mod, rewriter.combines, _uses(func))
+                new = folder.visit_expr(func)
+                if folder.folds:
+                    mod = folder.builder_.get()
+                    mod.update_func(gv, remove_unused_bindings(new))
+        return _without_unused_combines(mod)

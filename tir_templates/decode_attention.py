@@ -60,6 +60,7 @@ KIND_ATTR = "rammer.decode_attention"  # "partial" / "combine": the functions ma
 _PARAMS_ATTR = "rammer.decode_attention_params"  # the shape, to rebuild a version
 F32_MIN = float(np.finfo(np.float32).min)
 OPAQUE = 8  # op_pattern kOpaque: no fusion pass joins another operator to these
+OUT_LAYOUTS = ("", "b1hd", "b1x")  # DecodeAttentionShape.out_shape
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,14 @@ class DecodeAttentionShape:
     kv_dtype: str = "float32"
     out_dtype: str = "float32"
     warps: int = 0
+    out_layout: str = ""
 
     def __post_init__(self):
         if min(self.batch, self.heads, self.kv_heads, self.max_len, self.head_dim,
                self.chunk) < 1 or self.heads % self.kv_heads or self.pos_len not in (0, 1) \
                 or {self.q_dtype, self.kv_dtype, self.out_dtype} - set(FLOATS) \
-                or self.warps < 0 or (self.warps and self.head_dim % 32):
+                or self.warps < 0 or (self.warps and self.head_dim % 32) \
+                or self.out_layout not in OUT_LAYOUTS:
             raise ValueError(f"decode attention: invalid shape {self}")
 
     @property
@@ -98,13 +101,23 @@ class DecodeAttentionShape:
         return ",".join(str(v) for v in (self.batch, self.heads, self.kv_heads, self.max_len,
                                           self.head_dim, self.chunk, repr(self.scale),
                                           int(self.divide), self.pos_len, self.q_dtype,
-                                          self.kv_dtype, self.out_dtype, self.warps))
+                                          self.kv_dtype, self.out_dtype, self.warps,
+                                          self.out_layout))
 
     @classmethod
     def decode(cls, text: str) -> "DecodeAttentionShape":
-        b, h, kv, L, d, c, s, div, p, qt, kvt, ot, *warps = str(text).split(",")
+        b, h, kv, L, d, c, s, div, p, qt, kvt, ot, *rest = str(text).split(",")
         return cls(int(b), int(h), int(kv), int(L), int(d), int(c), float(s), bool(int(div)),
-                   int(p), qt, kvt, ot, int(warps[0]) if warps else 0)
+                   int(p), qt, kvt, ot, int(rest[0]) if rest else 0, *rest[1:2])
+
+    @property
+    def out_shape(self) -> tuple:
+        """The combine's ``out``: ``[B, H, 1, D]`` (``out_layout`` ""), ``[B, 1, H, D]``
+        ("b1hd") or ``[B, 1, H * D]`` ("b1x"): the same elements in the same order (one query
+        token), so a consumer's transpose and reshape of one token's heads are the combine's
+        store."""
+        b, h, d = self.batch, self.heads, self.head_dim
+        return {"": (b, h, 1, d), "b1hd": (b, 1, h, d), "b1x": (b, 1, h * d)}[self.out_layout]
 
 
 def chunk_for(max_len: int) -> int:
@@ -127,6 +140,17 @@ def _limit(pos_value, max_len):
                    T.min(pos_value, T.int64(max_len - 1)) + T.int64(1))
     use = T.Select(pos_value < T.int64(0), T.float32(0), T.float32(1))
     return T.Cast("int32", lim), use
+
+
+def _out_at(shape, out, b, h, d):
+    """The index of ``out[b, h, 0, d]`` in the combine's ``out`` (``shape.out_shape``)."""
+    return {"": (b, h, 0, d), "b1hd": (b, 0, h, d), "b1x": (b, 0, h * shape.head_dim + d)}[
+        shape.out_layout]
+
+
+def _out_whole(shape, out):
+    """All of the combine's ``out`` (the region its SBlock writes)."""
+    return out[tuple(slice(0, n) for n in shape.out_shape)]
 
 
 def _f32(value, dtype):
@@ -392,13 +416,13 @@ def warp_combine_func(shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
 
     @T.prim_func(s_tir=True)
     def combine(part: T.Buffer((B, H, NC, D + 2), "float32"), pos: T.Buffer(P, "int64"),
-                out: T.Buffer((B, H, 1, D), OT)):
+                out: T.Buffer(shape.out_shape, OT)):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(B * H * G, thread="blockIdx.x"):
             for tx in T.thread_binding(W * 32, thread="threadIdx.x"):
                 with T.sblock("combine"):
                     T.reads(part[0:B, 0:H, 0:NC, 0:D + 2], pos[()] if not P else pos[0:1])
-                    T.writes(out[0:B, 0:H, 0, 0:D])
+                    T.writes(_out_whole(shape, out))
                     mx = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     den = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     num = T.sblock_alloc_buffer((1,), "float32", scope="local")
@@ -429,7 +453,7 @@ def warp_combine_func(shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
                         num[0] = num[0] + T.tvm_warp_shuffle_xor(
                             T.uint32(full), num[0], T.shift_right(16, o), 32, 32)
                     if lane == 0:
-                        out[b, h, 0, d] = store(num[0] / den[0])
+                        out[_out_at(shape, out, b, h, d)] = store(num[0] / den[0])
     return combine.without_attr("global_symbol").with_attrs({  # named by the module it joins
         "op_pattern": OPAQUE, KIND_ATTR: "combine", _PARAMS_ATTR: shape.encode()})
 
@@ -450,13 +474,13 @@ def thread_combine_func(shape: DecodeAttentionShape, threads: int | None = None)
 
     @T.prim_func(s_tir=True)
     def combine(part: T.Buffer((B, H, NC, D + 2), "float32"), pos: T.Buffer(P, "int64"),
-                out: T.Buffer((B, H, 1, D), OT)):
+                out: T.Buffer(shape.out_shape, OT)):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(B * H, thread="blockIdx.x"):
             for tx in T.thread_binding(TH, thread="threadIdx.x"):
                 with T.sblock("combine"):
                     T.reads(part[0:B, 0:H, 0:NC, 0:D + 2], pos[()] if not P else pos[0:1])
-                    T.writes(out[0:B, 0:H, 0, 0:D])
+                    T.writes(_out_whole(shape, out))
                     mx = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     den = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     num = T.sblock_alloc_buffer((1,), "float32", scope="local")
@@ -479,7 +503,8 @@ def thread_combine_func(shape: DecodeAttentionShape, threads: int | None = None)
                                 if c < used:
                                     num[0] = num[0] + part[b, h, c, 2 + tx + i * TH] * T.exp(
                                         part[b, h, c, 0] - mx[0])
-                            out[b, h, 0, tx + i * TH] = store(num[0] / den[0])
+                            out[_out_at(shape, out, b, h, tx + i * TH)] = store(
+                                num[0] / den[0])
     return combine.without_attr("global_symbol").with_attrs({  # named by the module it joins
         "op_pattern": OPAQUE, KIND_ATTR: "combine", _PARAMS_ATTR: shape.encode()})
 

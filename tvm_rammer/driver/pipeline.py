@@ -157,10 +157,11 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
 def decode_attention_pass(target: tvm.target.Target, config: RammerConfig) -> DecodeAttentionSplit:
     """DecodeAttentionSplit for the target's vDevice: phase 1 a warp per slot in rTasks of
     ``max_rtask_threads`` threads, its chunk filling the vEUs (as :func:`split_k_passes` counts
-    them: SMs x the vEUs per SM of such an rTask) with one round of rTasks."""
+    them: SMs x the vEUs per SM of such an rTask) with one round of rTasks; the combine's cast,
+    head transpose and reshape folded into its store."""
     vdevice = vdevice_for(target, config)
     veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
-    return DecodeAttentionSplit(veus=veus, threads=config.max_rtask_threads)
+    return DecodeAttentionSplit(veus=veus, threads=config.max_rtask_threads, fold_consumers=True)
 
 
 def inference_passes() -> list:
