@@ -337,6 +337,19 @@ def test_the_one_kernel_schedule_matches_numpy_on_llvm(dtype, norm, upcast):
     np.testing.assert_allclose(got, _numpy(x, dtype, norm=norm), rtol=tol, atol=tol)
 
 
+def test_the_upcast_inside_the_kernel_changes_no_bit():
+    """RMSNorm's numerics: float16 -> float32 is exact, so the kernel that casts ``x`` as it reads
+    it gives the very bits of the same kernel fed the float32 copy of ``x``."""
+    target = tvm.target.Target("cuda")
+    x = (np.random.default_rng(4).standard_normal((1, 1, K)) * 2 + 0.5).astype("float16")
+    runs = []
+    for upcast, given in (("residual", x), (None, x.astype("float32"))):
+        scheduled = NormGEMV().apply(_fused_prim_func("float16", "rms", upcast), target)
+        runs.append(_run_llvm(scheduled.mod["main"], given, "float16", "rms"))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert np.abs(runs[0]).max() > 0
+
+
 def test_an_exported_rms_norm_is_fused_too():
     """RMSNorm as exporters write it (pow, mean, add eps, sqrt, 1 / ., two multiplies) is one
     group after the fusion; the pass makes it the GEMV's prologue as well."""
