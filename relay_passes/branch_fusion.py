@@ -18,7 +18,7 @@ cost launches for nothing:
 import tvm
 from tvm import relax
 
-from .dataflow_graph import DataflowGraph, has_tir_vars
+from .dataflow_graph import CALL_TIR, DataflowGraph, has_tir_vars
 
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 3, 4, 8
 FUSABLE_PRODUCER = (ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE)
@@ -62,7 +62,10 @@ class BranchPreservingFusion:
     conv/matmul group's first member reads then joins that group in front (a prologue: NASNet's
     ReLU before each separable conv, which cannot fuse into its producer because the producer's
     output feeds several branches), under the same rule: every other non-constant input of the
-    merged group is produced at a level strictly lower than the prologue's group.
+    merged group is produced at a level strictly lower than the prologue's group. A call of a
+    Primitive function of elementwise/broadcast call_tirs (one made before this pass: an earlier
+    pass's group, SplitTailFusion's ``silu(gate) * up`` in a Llama MLP) is such a prologue too;
+    its call_tirs are inlined into the merged group.
 
     Declines (leaves unfused): bindings that are not call_tir, call_tirs with tuple outputs,
     callees without op_pattern or with an opaque pattern. call_tirs with tir_vars or symbolic shapes
@@ -344,12 +347,35 @@ def plan_groups(graph, prologues=False, epilogues=True):
     return [sorted(g.members) for g in groups if g.members]
 
 
+def _elementwise_group_call(graph, node):
+    """The bindings of the Primitive function ``node`` calls when they are all call_tirs of
+    elementwise/broadcast PrimFuncs and ``node`` has one static tensor output; else None."""
+    op = getattr(node.value, "op", None)
+    if node.kind != "opaque" or not isinstance(op, tvm.ir.GlobalVar) or op not in graph.mod.functions:
+        return None
+    func = graph.mod[op]
+    if not isinstance(func, relax.Function) or func.attrs is None \
+            or not bool(func.attrs.get("Primitive", False)) or len(node.outputs) != 1:
+        return None
+    shape = node.outputs[0].shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    bindings = [b for blk in func.body.blocks for b in blk.bindings]
+    if not bindings or not all(isinstance(b.value, relax.Call) and b.value.op.same_as(CALL_TIR)
+                               and callee_pattern(graph.mod, b.value.args[0]) <= BROADCAST
+                               for b in bindings):
+        return None
+    return bindings
+
+
 def _merge_prologues(graph, groups, group_of):
     """Move each elementwise group in front of the conv/matmul group that alone reads its output
     (see the class docstring); the merged group keeps the prologue's level."""
     mod = graph.mod
     for group in groups:
-        if not group.members or group.pattern > BROADCAST:
+        if not group.members or (group.pattern > BROADCAST and not (
+                len(group.members) == 1
+                and _elementwise_group_call(graph, graph.nodes[group.members[0]]))):
             continue
         out = graph.nodes[group.members[-1]].outputs[0]
         readers = {group_of[c] for c in graph.consumers(out) if graph.nodes[c].kind != "alias"}
@@ -367,7 +393,7 @@ def _merge_prologues(graph, groups, group_of):
         if any(groups[g].level >= group.level for g in outside):
             continue
         target.members = sorted(members)
-        target.level, target.pattern = group.level, max(target.pattern, group.pattern)
+        target.level, target.pattern = group.level, max(target.pattern, min(group.pattern, BROADCAST))
         for i in group.members:
             group_of[i] = target.gid
         group.members = []
@@ -375,11 +401,28 @@ def _merge_prologues(graph, groups, group_of):
 
 def _group_name(graph, members):
     """FuseOps-style name: fused_ + callee names, shortened for long groups."""
-    names = [str(graph.nodes[i].gvar.name_hint) for i in members]
+    names = [str(_callee(graph.nodes[i]).name_hint).removeprefix("fused_") for i in members]
     name = "fused_" + "_".join(names)
     if len(name) > MAX_NAME_LEN:
         name = f"fused_{names[0]}_{names[-1]}_{len(names)}ops"
     return name
+
+
+def _callee(node):
+    """The GlobalVar a call_tir or a call of a Primitive function calls."""
+    return node.gvar if node.kind == "call_tir" else node.value.op
+
+
+def _emit_inlined(bb, graph, node, local):
+    """Emit the call_tirs of the Primitive function ``node`` calls (``_elementwise_group_call``)
+    into the block being built, its parameters bound to ``local``'s vars; returns its result."""
+    callee = graph.mod[node.value.op]
+    inner = {p: local[graph.tensor_of_expr(a)] for p, a in zip(callee.params, node.value.args)}
+    for b in _elementwise_group_call(graph, node):
+        args = [inner[a] if isinstance(a, relax.Var) else a for a in b.value.args[1].fields]
+        inner[b.var] = bb.emit(relax.call_tir(b.value.args[0], relax.Tuple(args), out_ty=b.var.ty),
+                               str(b.var.name))
+    return inner[callee.body.body]
 
 
 def _external_inputs(graph, members):
@@ -405,6 +448,9 @@ def _emit_group_function(bb, graph, members, name, kept=None):
         with bb.dataflow():
             for pos, i in enumerate(members):
                 node = graph.nodes[i]
+                if node.kind != "call_tir":  # a prologue's Primitive function: never the last
+                    local[node.outputs[0]] = _emit_inlined(bb, graph, node, local)
+                    continue
                 args = relax.Tuple([local[t] for t in _arg_tensors(graph, node.value)])
                 out_ty = node.var.ty
                 out_ty = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
@@ -476,4 +522,14 @@ def _emit_groups(mod, graph, groups):
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], main.body.body)
     new_main = relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs)
     bb.update_func(mod.get_global_var("main"), new_main)
-    return bb.finalize()
+    out = bb.finalize()
+    inlined = {graph.nodes[i].value.op for members in groups for i in members
+               if graph.nodes[i].kind != "call_tir" and len(members) > 1}
+    still_called = set()
+    relax.analysis.post_order_visit(new_main, lambda e: still_called.add(e)
+                                    if isinstance(e, tvm.ir.GlobalVar) else None)
+    gone = inlined - still_called
+    if gone:
+        out = tvm.IRModule({gv: f for gv, f in out.functions_items() if gv not in gone},
+                           attrs=out.attrs)
+    return out

@@ -381,3 +381,63 @@ def test_reduced_gpt2_gelu_is_fc1s_epilogue_and_its_step_is_gone(monkeypatch):
     assert before["multiply3"] == ["multiply3"] and before[
         "fused_power_multiply1_add9_multiply2_tir_tanh_add10"] == gelu_ops[:5] + ["add10"]
     assert before["fused_multiply4_matmul3_add6_add7"][0] == "multiply4"
+
+
+def swiglu_mlp(hidden=32, returned=False, seed=0):
+    """Llama's MLP: ``(silu(x @ Wg) * (x @ Wu)) @ Wd`` (``returned``: the product returned too)."""
+    g = ob._Graph(seed)
+    gate = g.op("MatMul", ["x", g.weight(hidden, 2 * hidden)])
+    up = g.op("MatMul", ["x", g.weight(hidden, 2 * hidden)])
+    y = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+    outputs = [(g.op("MatMul", [y, g.weight(2 * hidden, hidden)]), [1, hidden])]
+    if returned:
+        outputs.append((y, [1, 2 * hidden]))
+    return g.model([("x", [1, hidden])], outputs, "swiglu_mlp")
+
+
+def _tail_then_fusion(mod):
+    from relay_passes.split_tail_fusion import SplitTailFusion
+
+    return BranchPreservingFusion()(SplitTailFusion()(mod))
+
+
+def _main_calls(mod):
+    """main's calls in binding order, each as the list of PrimFuncs it calls."""
+    found = []
+    for binding in mod["main"].body.blocks[0].bindings:
+        op = getattr(binding.value, "op", None)
+        if isinstance(op, tvm.ir.GlobalVar):
+            found.append([b.value.args[0].name_hint for b in mod[op].body.blocks[0].bindings])
+        elif op is not None and op.name == "relax.call_tir":
+            found.append([binding.value.args[0].name_hint])
+    return found
+
+
+def test_a_split_tails_elementwise_group_is_the_next_gemvs_prologue():
+    """SplitTailFusion makes silu(gate) * up one group (a tail of gate); it becomes the down
+    GEMV's prologue (its call_tirs inlined, its function gone): gate and up, then down, two
+    waves instead of three. Control: the product also returned stays a group of its own."""
+    from relay_passes.split_tail_fusion import SplitTailFusion
+
+    mod = ob.to_relax(swiglu_mlp())
+    silu = ["tir_sigmoid", "multiply", "multiply"]
+    assert silu in _main_calls(SplitTailFusion()(mod))
+    out = _tail_then_fusion(mod)
+    assert _main_calls(out) == [["matmul"], ["matmul"], silu + ["matmul1"]]
+    assert not [gv for gv in out.get_global_vars() if "fused_tir_sigmoid" in gv.name_hint
+                and "matmul" not in gv.name_hint]
+    assert len(graph_of(relax.transform.FuseTIR()(out)).waves()) == 2
+    kept = _tail_then_fusion(ob.to_relax(swiglu_mlp(returned=True)))
+    assert _main_calls(kept) == [["matmul"], ["matmul"], silu, ["matmul1"]]
+    assert len(graph_of(relax.transform.FuseTIR()(kept)).waves()) == 3
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_the_inlined_prologue_computes_what_onnxruntime_computes(returned):
+    model = swiglu_mlp(returned=returned)
+    feeds = ob.random_inputs(model)
+    got = ob.run_tvm_cpu(relax.transform.FuseTIR()(_tail_then_fusion(ob.to_relax(model))), feeds)
+    want = ob.run_onnxruntime(model, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
