@@ -19,15 +19,28 @@ rOperators, the second reading what the first writes:
 2. :func:`combine_func` ``(part, pos) -> out [B, H, 1, D]`` of ``out_dtype`` (computed in
    float32, rounded once at the store): ``M = max m_c``,
    ``out[d] = sum_c acc_c[d] exp(m_c - M) / sum_c l_c exp(m_c - M)`` over the chunks that hold
-   attended slots.
+   attended slots. ``out_layout`` "b1hd" / "b1x" stores the same elements in the same order as
+   ``[B, 1, H, D]`` / ``[B, 1, H * D]`` (the graph's transpose and reshape of one token's heads,
+   which the pass folds into the combine).
 
-Every function here is a scheduled PrimFunc (``tirx.is_scheduled``): blockIdx = rTasks. Phase 1:
-one rTask per (b, head, ``group`` consecutive chunks), ``threads`` threads, each thread taking the
-chunk's slots ``tx, tx + threads, ...`` with its own running (m, l, acc) in registers, then the
-threads' states merged through shared memory. Phase 2: one rTask per (b, head), threads over D.
-:func:`partial_versions` / :func:`combine_versions` list the variants (threads, chunks per rTask)
-the rKernel versions come from; each has the same parameters, so any of them can be chosen. The
-default (the first, and what the pass makes) has the most threads the chunk (the head dim) fills.
+Every function here is a scheduled PrimFunc (``tirx.is_scheduled``): blockIdx = rTasks. Two
+layouts of each phase; which one is the default is the shape's ``warps``:
+
+- ``warps`` > 0 (the pipeline's: ``warps x 32`` = the vEU width it allows, ``D % 32 == 0``): phase
+  1 a warp per slot (:func:`warp_partial_func`: one rTask per (b, head, chunk), lane ``l`` holds
+  dims ``l, l + 32, ...``, so a warp reads a K / V row whole and in order; q . k a butterfly of
+  xor shuffles; the warps' states merged through shared memory); phase 2 a warp per dim
+  (:func:`warp_combine_func`: one rTask per (b, head, ``warps`` dims), lane = chunk, shuffles).
+  Shuffles have no serial form: these run on a GPU or the CUDA emulator only.
+- ``warps`` 0: phase 1 a thread per slot (:func:`thread_partial_func`: one rTask per (b, head,
+  ``group`` consecutive chunks), each thread taking the chunk's slots ``tx, tx + threads, ...``
+  with its own (m, l, acc[D]) in registers, then the threads' states merged through shared
+  memory); phase 2 a thread per dim (:func:`thread_combine_func`: one rTask per (b, head)). These
+  also run with their thread loops serial (llvm).
+
+:func:`partial_versions` / :func:`combine_versions` list the variants the rKernel versions come
+from (the warp layout first where the shape has warps, then the thread layouts); each has the same
+parameters, so any of them can be chosen. The default is the first, what the pass makes.
 
 The scores are ``(q . k) / scale`` or ``(q . k) * scale`` (``divide``), as the graph wrote them, so
 results differ from the operator-by-operator graph by rounding only.
