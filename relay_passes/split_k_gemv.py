@@ -21,6 +21,23 @@ written and read. The partials are accumulated in the matmul's ``out_dtype``, an
 where the result is float16 (then cast back once, after the sum). The summation order changes
 (float rounding).
 
+The one-operator form (``nt``, the pipeline's). Two dependent steps each cost a barrier and a
+dependent rTask on the critical path; where a layout exists the chosen GEMV becomes one operator
+instead, over the weight transposed once at compile time:
+
+    y = matmul(x, W)   ->   y = call_tir(nt_gemv, [x, Wt])   # Wt = W^T [N, K], a constant
+
+``nt_gemv`` is ``y[.., n] = sum_k x[.., k] * Wt[n, k]`` (accumulated as the partials are, float32
+for float16, then cast once), a TE compute whose reduction block is annotated with ``r``, the
+rows of Wt per rTask that ``tir_templates.nt_gemv.NTGEMV`` schedules (each row's K contiguous:
+the lanes of whole warps read it in vectors and sum across threads): ``r`` the fewest rows that
+divide N, give ``N / r`` rTasks within ``veus`` (one round: GPT-2 small's N 768 r 2, 384 rTasks;
+Llama-1B's N 2048 r 4, 512) and lay ``threads / r`` lanes (whole warps) over K exactly
+(:func:`nt_rows`). Its epilogue (bias, residual add, cast) and an elementwise prologue join it in
+FuseOps as for any GEMV. With W a weight parameter, Wt is a ``permute_dims`` binding that
+LiftWeightTransforms moves into ``transform_params``. Where no ``r`` exists (N over ``veus`` x
+the warps of an rTask) the GEMV is split as above.
+
 Which matmuls. ``relax.matmul(x, W)`` in a function's dataflow blocks with ``W`` a Constant (or a
 weight parameter past ``num_input``, ``relay_passes.lift_weights``: then ``W'`` is a ``reshape``
 binding on it, which LiftWeightTransforms moves into ``transform_params``) of static shape
@@ -54,7 +71,8 @@ In: Relax with high-level ops, after ToMixedPrecision and FoldConstantOps (the w
 of their final dtype), before LegalizeOps. ``veus``: the vEUs to fill (``driver.pipeline``: the
 vDevice's SMs x the vEUs per SM of an rTask of ``max_rtask_threads``), ``step_us``, ``rtask_us``
 and ``mem_bw_gbps`` (the pipeline: the cost model's). Out: the same computation
-with each chosen matmul replaced as above; the module unchanged when none is chosen.
+with each chosen matmul replaced as above (``nt``: by the one operator where it has a layout);
+the module unchanged when none is chosen.
 """
 from __future__ import annotations
 
@@ -62,11 +80,13 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from tir_templates.nt_gemv import NT_GEMV_ANNOTATION, nt_gemv_layout
+
 from .known_values import static_shape
 from .lift_weights import weight_params
 from .norm_gemv import MAX_ROW_BYTES
 
-__all__ = ["SplitKGEMV", "plan_splits"]
+__all__ = ["SplitKGEMV", "plan_splits", "nt_rows", "nt_gemv_func"]
 
 MATMUL = tvm.ir.Op.get("relax.matmul")
 CONSTANT = tvm.ir.expr.Constant
@@ -249,6 +269,40 @@ def partial_func(x_shape, s: int, n: int, in_dtype: str, out_dtype: str, block_s
     return te.create_prim_func([x, w, p]).without_attr("global_symbol")  # named by its module
 
 
+def nt_rows(n: int, k: int, itemsize: int, veus: int, threads: int = 256) -> int | None:
+    """Rows of Wt per rTask of the one-operator form (module docstring): the fewest (so the most
+    rTasks, ``N / r``) that divide N, fit one round of ``veus`` and have a layout of whole warps
+    of ``threads`` over K (``tir_templates.nt_gemv.nt_gemv_layout``); None when none does."""
+    rows = 1
+    while rows <= threads // 32:
+        if n % rows == 0 and n // rows <= veus and nt_gemv_layout(k, rows, itemsize, threads):
+            return rows
+        rows *= 2
+    return None
+
+
+def nt_gemv_func(x_shape, n: int, rows: int, in_dtype: str, out_dtype: str,
+                 w_dtype: str | None = None):
+    """The GEMV over a transposed weight: ``x`` of shape ``x_shape`` ``[1, ..., 1, K]``
+    (``in_dtype``), ``wt`` ``[n, K]`` (``w_dtype``, default ``in_dtype``) -> ``y [1, ..., 1, n]``
+    with ``y[.., j] = sum_k x[.., k] * wt[j, k]``, accumulated in ``out_dtype`` (inputs cast to
+    it). Its reduction block is annotated ``NT_GEMV_ANNOTATION = rows`` (the schedule's rows of wt
+    per rTask, ``tir_templates.nt_gemv``). A PrimFunc (unscheduled)."""
+    w_dtype = w_dtype or in_dtype
+    i64 = lambda d: tvm.tirx.IntImm("int64", int(d))  # noqa: E731  (as legalized buffers)
+    x = te.placeholder([i64(d) for d in x_shape], in_dtype, name="x")
+    wt = te.placeholder([i64(n), i64(x_shape[-1])], w_dtype, name="wt")
+    k = te.reduce_axis((i64(0), i64(x_shape[-1])), name="k")
+
+    def cast(value):
+        return value if value.dtype == out_dtype else value.astype(out_dtype)
+
+    y = te.compute([i64(d) for d in x_shape[:-1]] + [i64(n)], lambda *idx: te.sum(
+        cast(x[(*idx[:-1], k)]) * cast(wt[idx[-1], k]), axis=k), name="nt_gemv",
+        attrs={NT_GEMV_ANNOTATION: int(rows)})
+    return te.create_prim_func([x, wt, y]).without_attr("global_symbol")  # named by its module
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     """Replaces the planned matmuls; W's blocks shared by every matmul of the same W and S."""
@@ -259,6 +313,7 @@ class _Rewriter(relax.PyExprMutator):
         self.blocks = {}
         self.funcs = {}
         self.rewrites = 0
+        self.nt = None  # (veus, threads) of the one-operator form; None: split-K only
 
     def _partial(self, x_shape, s, n, in_dtype, out_dtype, w_dtype):
         key = (tuple(x_shape), s, n, in_dtype, out_dtype, w_dtype)
@@ -279,6 +334,36 @@ class _Rewriter(relax.PyExprMutator):
                 self.blocks[key] = self.builder_.emit(relax.op.reshape(weight, [s, k // s, n]))
         return self.blocks[key]
 
+    def _transposed(self, weight):
+        key = (weight, "T")
+        if key not in self.blocks:
+            if isinstance(weight, CONSTANT):
+                data = weight.value.numpy()
+                self.blocks[key] = relax.const(np.ascontiguousarray(data.T), str(data.dtype))
+            else:  # a weight parameter: LiftWeightTransforms moves the transpose out
+                self.blocks[key] = self.builder_.emit(relax.op.permute_dims(weight, [1, 0]))
+        return self.blocks[key]
+
+    def _nt_gemv(self, x, weight, out_shape, acc, dtype):
+        """The one-operator form of the module docstring, or None where it has no layout."""
+        k, n = _static_shape(weight)
+        w_dtype = str(weight.ty.dtype)
+        rows = nt_rows(n, k, np.dtype(w_dtype).itemsize, *self.nt)
+        if rows is None:
+            return None
+        key = ("nt", tuple(_static_shape(x)), n, rows, str(x.ty.dtype), acc, w_dtype)
+        if key not in self.funcs:
+            self.funcs[key] = self.builder_.add_func(
+                nt_gemv_func(_static_shape(x), n, rows, str(x.ty.dtype), acc, w_dtype), "nt_gemv")
+        shape = list(_static_shape(x)[:-1]) + [n]
+        total = relax.call_tir(self.funcs[key], [x, self._transposed(weight)],
+                               relax.TensorType(shape, acc))
+        if acc != dtype:
+            total = relax.op.astype(self.builder_.emit(total), dtype)
+        if list(out_shape) != shape:
+            total = relax.op.reshape(self.builder_.emit(total), out_shape)
+        return total
+
     def visit_call_(self, call):
         s = self.plan.get(call)
         new = super().visit_call_(call)
@@ -289,6 +374,11 @@ class _Rewriter(relax.PyExprMutator):
         out_shape = _static_shape(call)
         dtype = str(call.ty.dtype)
         acc = "float32" if dtype == "float16" else dtype
+        if self.nt is not None:
+            total = self._nt_gemv(x, weight, out_shape, acc, dtype)
+            if total is not None:
+                self.rewrites += 1
+                return self.builder_.normalize(total)
         func = self._partial(_static_shape(x), s, n, str(x.ty.dtype), acc, str(weight.ty.dtype))
         partial = self.builder_.emit(relax.call_tir(
             func, [x, self._weight_blocks(weight, s)], relax.TensorType((s, 1, n), acc)))
@@ -310,11 +400,14 @@ class SplitKGEMV:
     block; ``step_us``: the least time a split must save (0: any); ``rtask_us``: the cost
     model's overhead per rTask; ``mem_bw_gbps``: the bandwidth the weight's read is charged at;
     ``leave_norm_rows``: leave a GEMV whose row is a row norm to NormGEMVFusion; ``parallel``:
-    split a GEMV that shares its wave with others too."""
+    split a GEMV that shares its wave with others too; ``nt``: make a chosen GEMV the one
+    operator over the transposed weight where it has a layout (``threads`` a rTask), split-K
+    where not."""
 
     def __init__(self, veus: int, columns_per_rtask: int = 16, min_rows: int = 32,
                  step_us: float = 0.0, mem_bw_gbps: float = 3000.0, rtask_us: float = 0.0,
-                 leave_norm_rows: bool = False, parallel: bool = False):
+                 leave_norm_rows: bool = False, parallel: bool = False, nt: bool = False,
+                 threads: int = 256):
         if veus < 1 or columns_per_rtask < 1 or min_rows < 1:
             raise ValueError(f"SplitKGEMV(veus={veus}, columns_per_rtask={columns_per_rtask}, "
                              f"min_rows={min_rows}): each must be >= 1")
@@ -324,10 +417,12 @@ class SplitKGEMV:
         self.veus, self.columns_per_rtask, self.min_rows = veus, columns_per_rtask, min_rows
         self.step_us, self.mem_bw_gbps, self.rtask_us = step_us, mem_bw_gbps, rtask_us
         self.leave_norm_rows, self.parallel = leave_norm_rows, parallel
+        self.nt, self.threads = nt, threads
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the planned matmuls of every Relax function of ``mod``."""
         rewriter = _Rewriter(mod)
+        rewriter.nt = (self.veus, self.threads) if self.nt else None
         for gv, func in mod.functions_items():
             if not isinstance(func, relax.Function):
                 continue

@@ -9,6 +9,8 @@ rammer graph passes on llvm and (slow) the pipeline's CUDA on the CPU emulator, 
 onnxruntime; the pipeline's vEU count and the config flag.
 """
 
+import shutil
+
 import numpy as np
 import pytest
 import tvm
@@ -322,6 +324,7 @@ def test_the_pipeline_fills_the_vdevices_veus():
     (full,) = split_k_passes(target, RammerConfig(num_sms=132))
     assert (full.veus, full.step_us, full.mem_bw_gbps, full.rtask_us) == (528, 1.3, 3000.0, 0.5)
     assert full.leave_norm_rows  # NormGEMVFusion runs: the GEMVs after norms are its
+    assert (full.nt, full.threads) == (True, 256)  # the one-operator form where it has a layout
     assert not split_k_passes(target, RammerConfig(norm_fusion=False))[0].leave_norm_rows
     assert split_k_passes(target, RammerConfig(num_sms=4, veus_per_sm=4))[0].veus == VEUS
     assert split_k_passes(target, RammerConfig(split_k=False)) == []
@@ -384,3 +387,103 @@ def test_the_flag_turns_it_off():
     for command in (["run", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"], ["inspect", "m.onnx"]):
         assert cli._config(parser.parse_args(command)).split_k is True
         assert cli._config(parser.parse_args(command + ["--no-split-k"])).split_k is False
+
+
+# The one-operator form (nt=True, the pipeline's): y = x @ W as a GEMV over Wt = W^T [N, K] with
+# r rows of Wt per rTask (tir_templates.nt_gemv), its epilogue fused by FuseOps.
+
+def test_the_one_operator_form_is_the_gemv_over_the_transposed_weight():
+    """veus 8, N 32: r = 4 (8 rTasks, 64 lanes over K 64 on 256 threads): one call_tir reading
+    the constant W^T, the bias after it (FuseOps' epilogue), no partial and no sum."""
+    before, w, b = _gemv_module()
+    after = SplitKGEMV(veus=8, min_rows=8, nt=True)(before)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, K), "float32"))
+    gemv = bb.add_func(pass_module.nt_gemv_func([1, 1, K], N, 4, "float32", "float32"), "nt_gemv")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.call_tir(gemv, [x, relax.const(np.ascontiguousarray(w.T))],
+                                       relax.TensorType((1, 1, N), "float32")))
+            y = bb.emit(relax.op.add(y, relax.const(b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(after, bb.get())
+
+
+def test_rows_per_rtask_fill_one_round_of_the_veus():
+    """528 vEUs of 256 threads: GPT-2 small's projection / fc2 (N 768) r 2 (384 rTasks), Llama-1B's
+    o_proj / down (N 2048) r 4 (512); N 192 on 16 vEUs would need r 16 (8 threads a row): None,
+    and the GEMV is split-K as before (the control); an M > 1 GEMM is left alone."""
+    assert pass_module.nt_rows(768, 768, 2, 528) == 2
+    assert pass_module.nt_rows(768, 3072, 2, 528) == 2
+    assert pass_module.nt_rows(2048, 8192, 2, 528) == 4
+    assert pass_module.nt_rows(192, 64, 4, 16) is None
+    wide, _, _ = _gemv_module(k=64, n=192)
+    after = SplitKGEMV(veus=16, min_rows=16, nt=True)(wide)
+    names = [gv.name_hint for gv in after.get_global_vars()]
+    assert "split_k_partial" in names and "nt_gemv" not in names
+    gemm, _, _ = _gemv_module(m=4)
+    assert SplitKGEMV(veus=8, min_rows=8, nt=True)(gemm).same_as(gemm)
+
+
+def _fused_nt_gemv(k, n, dtype, veus):
+    """The fused PrimFunc of ``cast(x @ W + b + res, float32)`` (x, W, b, res of ``dtype``) after
+    SplitKGEMV(nt) and FuseOps / FuseTIR, with (W, b)."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, k), dtype))
+    res = relax.Var("res", relax.TensorType((1, n), dtype))
+    with bb.function("main", [x, res]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(w)))
+            y = bb.emit(relax.op.add(y, relax.const(b)))
+            y = bb.emit(relax.op.add(y, res))
+            out = bb.emit_output(relax.op.astype(y, "float32"))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential([
+        SplitKGEMV(veus=veus, min_rows=16, nt=True), relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    (fused,) = [f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    return fused, w, b
+
+
+@pytest.mark.parametrize("dtype, k, n, veus, rows, tol", [
+    ("float32", 512, 64, 32, 2, 1e-5),    # 128 lanes of 4 floats a row
+    ("float16", 512, 64, 16, 4, 2e-3)])   # 64 lanes of 2 halves a row, fp32 sums, fp16 epilogue
+def test_the_nt_gemv_kernel_matches_numpy_on_the_cuda_emulator(dtype, k, n, veus, rows, tol):
+    """The fused GEMV + bias + residual + cast, scheduled by NTGEMV for the H100 (r rows an
+    rTask, lanes over K, a cross-thread sum per row), on the CPU emulator against NumPy.
+    Control: the same kernel fed W's own bytes (not transposed): detected."""
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tir_templates.nt_gemv import NT_GEMV_ANNOTATION, NTGEMV
+    from tvm_rammer.checks.emulator.versions import _build, _run
+    from tvm_rammer.target import resolve_target
+
+    fused, w, b = _fused_nt_gemv(k, n, dtype, veus)
+    assert NT_GEMV_ANNOTATION in fused.script()  # the annotation FuseTIR keeps
+    assert f"{NT_GEMV_ANNOTATION}\": {rows}" in fused.script()
+    target = resolve_target("rammer/nvidia-h100")
+    scheduled = NTGEMV().apply(fused, target)
+    assert scheduled is not None
+    func = scheduled.mod["main"]
+    assert f"T.int64({n // rows}), thread=\"blockIdx.x\"" in func.script()
+    built = _build({"nt": func.with_attr("global_symbol", "nt")}, target, None)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, k)).astype(dtype)
+    res = rng.standard_normal((1, n)).astype(dtype)
+    assert [p.name for p in func.params][:4] == ["x", "param_0", "param_1", "res"]  # W^T, b
+
+    def run(wt):
+        return _run(built, "nt", [x, wt, b, res, np.full((1, n), np.nan, np.float32)], 60)[-1]
+
+    got = run(np.ascontiguousarray(w.T))
+    want = x.astype(np.float64) @ w.astype(np.float64) + b + res
+    if dtype == "float16":  # the fp16 GEMV rounds its fp32 sum once, then adds in fp16
+        want = ((x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16) + b + res)
+    np.testing.assert_allclose(got, want.astype(np.float64), rtol=tol, atol=tol)
+    assert np.abs(run(w.reshape(n, k)) - want).max() > 1e-1  # W's bytes as they were: detected

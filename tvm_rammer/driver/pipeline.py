@@ -51,6 +51,7 @@ from tir_templates.default_schedule import default_schedule_pass
 from tir_templates.exact_pow import ExactPowers
 from tir_templates.gemv_epilogue import GEMVEpilogue
 from tir_templates.norm_gemv import NormGEMV
+from tir_templates.nt_gemv import NTGEMV
 
 from .backend import RammerBackend
 from ..codegen.tir_pipeline import install as install_tir_pipeline
@@ -84,7 +85,8 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
                       decode_attention_pass(target, config)),
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
-                     default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule(), NormGEMV())),
+                     default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule(), NormGEMV(),
+                                           NTGEMV())),
         _with_target(target, RammerBackend(config, profiler, started)),  # versions, policy, kernels
         *([LiftWeightTransforms()] if config.weights == "apart" else []),  # blobs packed once
         *timeline,                                     # after the rewrite: main returns the buffers
@@ -143,7 +145,9 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     threads (default registers, no shared memory; the count before any rKernel is known, H100
     preset: 132 x 4 = 528); S and whether to split are the cost model's (``cost_config``: its
     bandwidth and per-rTask overhead; a split must save more than a barrier and a dependent
-    rTask). A GEMV after a row norm is left to NormGEMVFusion when it runs."""
+    rTask). A GEMV after a row norm is left to NormGEMVFusion when it runs. A chosen GEMV becomes
+    one operator over its transposed weight (``nt``, ``max_rtask_threads`` threads an rTask) where
+    that has a layout, else the partial and the sum."""
     if not config.split_k:
         return []
     vdevice = vdevice_for(target, config)
@@ -151,7 +155,8 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
     veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
     return [SplitKGEMV(veus, step_us=cost.barrier_us + cost.per_rtask_overhead_us,
                        mem_bw_gbps=cost.mem_bw_gbps, rtask_us=cost.per_rtask_overhead_us,
-                       leave_norm_rows=config.fusion and config.norm_fusion)]
+                       leave_norm_rows=config.fusion and config.norm_fusion, nt=True,
+                       threads=config.max_rtask_threads)]
 
 
 def decode_attention_pass(target: tvm.target.Target, config: RammerConfig) -> DecodeAttentionSplit:
