@@ -256,21 +256,28 @@ def _errors(outputs, model, feeds):
             for g, r in zip(outputs, onnx_reference(model, feeds))]
 
 
-@pytest.mark.parametrize("name, precision, tol", [("gpt2_decode", "float32", 1e-4),
-                                                   ("gpt2_decode", "float16", 2e-2),
-                                                   ("llama_decode", "float32", 1e-4)])
-def test_reduced_decoder_graph_passes_match_onnxruntime_on_llvm(name, precision, tol):
+@pytest.mark.parametrize("name, precision, tol, nt", [("gpt2_decode", "float32", 1e-4, False),
+                                                       ("gpt2_decode", "float32", 1e-4, True),
+                                                       ("gpt2_decode", "float16", 2e-2, True),
+                                                       ("llama_decode", "float32", 1e-4, True),
+                                                       ("llama_decode", "float16", 2e-2, True)])
+def test_reduced_decoder_graph_passes_match_onnxruntime_on_llvm(name, precision, tol, nt):
     """The rammer graph passes with 16 vEUs built for llvm (gpt2: every GEMV but fc1 split;
-    llama: the GEMVs alone in their wave, not q, k, v nor gate, up)."""
+    llama: the GEMVs alone in their wave, not q, k, v nor gate, up). ``nt``: the one-operator
+    form where it has a layout (gpt2's projection and fc2, N 64: r 4; its QKV, N 192, stays
+    split-K; llama's o_proj, down and LM head)."""
     pytest.importorskip("onnxruntime")
     from tvm_rammer.driver.frontend import import_onnx
     from tvm_rammer.driver.pipeline import graph_passes
 
     model = get_model(name, **REDUCED[name])
     mod = import_onnx(model)
-    passes = graph_passes(RammerConfig(precision=precision), [SplitKGEMV(VEUS, min_rows=16)])
+    passes = graph_passes(RammerConfig(precision=precision),
+                          [SplitKGEMV(VEUS, min_rows=16, nt=nt)])
     mod = tvm.transform.Sequential(passes)(mod)
-    assert any("split_k_partial" in str(gv.name_hint) for gv in mod.get_global_vars())
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert any("split_k_partial" in n for n in names) == (name == "gpt2_decode" or not nt)
+    assert any("nt_gemv" in n for n in names) == nt
     for gv, func in list(mod.functions_items()):
         if isinstance(func, tirx.PrimFunc):  # the decode attention's kernels: threads serial
             mod[gv] = serial_threads(func)
@@ -284,8 +291,9 @@ def test_reduced_decoder_graph_passes_match_onnxruntime_on_llvm(name, precision,
 @pytest.mark.parametrize("precision, tol", [("float32", 1e-4), ("float16", 2e-2)])
 def test_weights_apart_the_blocks_are_a_lifted_reshape_and_match_onnxruntime(precision, tol):
     """Weights kept apart (``main``'s weights are parameters): W' is a reshape of the parameter
-    (at precision float16 of its cast: before, no GEMV was split there), which
-    LiftWeightTransforms moves into ``transform_params``; the outputs still match."""
+    (at precision float16 of its cast: before, no GEMV was split there), and the one operator's
+    W^T a permute_dims of it, which LiftWeightTransforms moves into ``transform_params``; the
+    outputs still match."""
     pytest.importorskip("onnxruntime")
     from relay_passes.lift_weights import TRANSFORM_NAME
     from tvm_rammer.driver.frontend import import_onnx
@@ -294,10 +302,13 @@ def test_weights_apart_the_blocks_are_a_lifted_reshape_and_match_onnxruntime(pre
 
     model = get_model("gpt2_decode", **GPT2)
     passes = graph_passes(RammerConfig(weights="apart", precision=precision),
-                          [SplitKGEMV(VEUS, min_rows=16)])
+                          [SplitKGEMV(VEUS, min_rows=16, nt=True)])
     mod = tvm.transform.Sequential(passes)(import_onnx(model, weights="apart"))
     # QKV's W [64, 192]: 12 rTasks; S 4 (48 rTasks, 3 rounds of 16) reads fastest: made there
     assert f'R.Tensor((4, 16, 192), dtype="{precision}")' in mod[TRANSFORM_NAME].script()
+    # fc2's W [256, 64]: the one operator over W^T [64, 256], transposed there too
+    assert f'R.Tensor((64, 256), dtype="{precision}")' in mod[TRANSFORM_NAME].script()
+    assert any("nt_gemv" in gv.name_hint for gv in mod.get_global_vars())
     weight_only = []  # a call of main reading weights alone would run every inference
     params = set(mod["main"].params[int(mod["main"].attrs["num_input"]):])
     for binding in mod["main"].body.blocks[0].bindings:
