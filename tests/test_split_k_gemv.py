@@ -498,3 +498,30 @@ def test_the_nt_gemv_kernel_matches_numpy_on_the_cuda_emulator(dtype, k, n, veus
         want = ((x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16) + b + res)
     np.testing.assert_allclose(got, want.astype(np.float64), rtol=tol, atol=tol)
     assert np.abs(run(w.reshape(n, k)) - want).max() > 1e-1  # W's bytes as they were: detected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, precision, tol", [("gpt2_decode", "float32", 1e-4),
+                                                   ("llama_decode", "float16", 2e-2)])
+def test_reduced_decoders_with_the_one_operator_gemv_match_onnxruntime_on_the_emulator(
+        monkeypatch, name, precision, tol):
+    """The rammer pipeline's CUDA (4 SMs x 4 vEUs, the pipeline's nt) on the CPU emulator at
+    positions 0 and L - 1, every chain GEMV split whatever it saves: gpt2's projection and fc2,
+    llama's o_proj, down (its SiLU gate the prologue) and LM head are NTGEMV kernels in the
+    rProgram (float16: half weights, float32 sums)."""
+    pytest.importorskip("onnxruntime")
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tvm_rammer.checks import emulator
+    from tvm_rammer.driver import pipeline
+
+    monkeypatch.setattr(pipeline, "SplitKGEMV", lambda veus, **kw: SplitKGEMV(
+        veus, min_rows=16, nt=kw["nt"], threads=kw["threads"]))
+    model = get_model(name, **REDUCED[name])
+    config = RammerConfig(num_sms=4, veus_per_sm=4, precision=precision)
+    build = emulator.emulation_build(model, config=config)
+    assert "nt_gemv" in build.cuda_source
+    for p in (0, REDUCED[name]["max_len"] - 1):
+        feeds = _feeds(model, p)
+        result = emulator.emulate(build, [feeds[i.name] for i in model.graph.input])
+        assert max(_errors(result.outputs, model, feeds)) <= tol, p
