@@ -247,17 +247,19 @@ def test_warp_per_slot_versions_match_numpy_on_the_cuda_emulator():
     from tvm_rammer.checks.emulator.versions import _build, _run
     from tvm_rammer.target import resolve_target
 
+    shape = WARP_SHAPES[0]
+    partials, combines = partial_versions(shape), combine_versions(shape)
+    assert [n for n, _ in partials][:2] == ["decode_attention_w4", "decode_attention_t32g1"]
+    assert [n for n, _ in combines] == ["decode_combine_w4", "decode_combine_t64",
+                                        "decode_combine_t32"]
+    tvm.ir.assert_structural_equal(partial_func(shape), partials[0][1])
+    tvm.ir.assert_structural_equal(combine_func(shape), combines[0][1])
     funcs = {}
     for i, shape in enumerate(WARP_SHAPES):
-        names = [n for n, _ in partial_versions(shape)]
-        assert names[0] == f"decode_attention_w{shape.warps}" and len(names) > 1
-        tvm.ir.assert_structural_equal(partial_func(shape), partial_versions(shape)[0][1])
-        combines = combine_versions(shape)
-        assert combines[0][0] == f"decode_combine_w{shape.warps}" and len(combines) > 1
-        tvm.ir.assert_structural_equal(combine_func(shape), combines[0][1])
         assert DecodeAttentionShape.decode(shape.encode()) == shape
         funcs.update({f"w{i}": partial_func(shape), f"c{i}": combine_func(shape),
-                      f"t{i}": combines[-1][1], f"wrong{i}": partial_func(shape, bound_shift=1)})
+                      f"t{i}": da.thread_combine_func(shape, 32),
+                      f"wrong{i}": partial_func(shape, bound_shift=1)})
     folded = [dataclasses.replace(WARP_SHAPES[0], out_layout="b1x", out_dtype="float16"),
               dataclasses.replace(WARP_SHAPES[1], out_layout="b1hd")]  # fold_consumers' forms
     funcs.update({f"f{i}": combine_func(shape) for i, shape in enumerate(folded)})
