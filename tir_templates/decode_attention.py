@@ -65,8 +65,8 @@ from tvm.script import tirx as T
 
 __all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "warp_partial_func",
            "thread_partial_func", "combine_func", "warp_combine_func", "thread_combine_func",
-           "combine_warps", "partial_versions", "combine_versions", "schedule_of", "DecodeAttentionRule",
-           "reference"]
+           "combine_warps", "partial_versions", "combine_versions", "schedule_of",
+           "DecodeAttentionRule", "reference"]
 
 FLOATS = ("float32", "float16")  # what q, K, V and out may be
 KIND_ATTR = "rammer.decode_attention"  # "partial" / "combine": the functions made here
