@@ -53,7 +53,9 @@ class BranchPreservingFusion:
     * into the source (with ``epilogues``, the default): a group of elementwise/broadcast operators
       that holds every reader of ``x`` (not a block output) joins the group whose last member
       produced ``x`` (its epilogue: the GELU after a decode step's fc1 GEMV), when every other
-      produced tensor it reads comes from a level strictly lower than that group's.
+      produced tensor it reads comes from a level strictly lower than that group's; so does an
+      earlier pass's Primitive function of elementwise call_tirs (BERT's erf-GELU, which
+      SplitTailFusion groups), its call_tirs inlined.
 
     Both delay nothing: the merged group needs nothing the source group did not need, and nothing
     else reads ``x`` (so no branch waits on the whole group instead of ``x``).
@@ -286,8 +288,10 @@ def _source_group(group, graph, group_of, groups, mod):
     """The group ``group`` may join as its epilogue (see the class docstring), or None: ``group``
     is elementwise/broadcast, reads one tensor ``x`` whose readers it all holds and that the
     other group's last member produces, and its other produced inputs come from levels strictly
-    lower than that group's."""
-    if not group.members or group.pattern > BROADCAST:
+    lower than that group's. An earlier pass's group of elementwise call_tirs
+    (``_elementwise_group_call``: SplitTailFusion's erf-GELU in BERT) counts as such a group."""
+    if not group.members or (group.pattern > BROADCAST and not (
+            len(group.members) == 1 and _elementwise_group_call(graph, graph.nodes[group.members[0]]))):
         return None
     members = set(group.members)
     for x in _outside_inputs(graph, group.members):
@@ -304,9 +308,10 @@ def _source_group(group, graph, group_of, groups, mod):
 
 
 def _absorb(target, other, group_of):
-    """Move ``other``'s members into ``target`` (binding order kept)."""
+    """Move ``other``'s members into ``target`` (binding order kept); ``other`` is at most
+    broadcast (an earlier pass's group of elementwise call_tirs counts as broadcast)."""
     target.members = sorted(target.members + other.members)
-    target.pattern = max(target.pattern, other.pattern)
+    target.pattern = max(target.pattern, min(other.pattern, BROADCAST))
     for i in other.members:
         group_of[i] = target.gid
     other.members = []
@@ -413,15 +418,18 @@ def _callee(node):
     return node.gvar if node.kind == "call_tir" else node.value.op
 
 
-def _emit_inlined(bb, graph, node, local):
+def _emit_inlined(bb, graph, node, local, last=False):
     """Emit the call_tirs of the Primitive function ``node`` calls (``_elementwise_group_call``)
-    into the block being built, its parameters bound to ``local``'s vars; returns its result."""
+    into the block being built, its parameters bound to ``local``'s vars; returns its result
+    (the block's output when ``last``)."""
     callee = graph.mod[node.value.op]
     inner = {p: local[graph.tensor_of_expr(a)] for p, a in zip(callee.params, node.value.args)}
-    for b in _elementwise_group_call(graph, node):
+    bindings = _elementwise_group_call(graph, node)
+    for k, b in enumerate(bindings):
         args = [inner[a] if isinstance(a, relax.Var) else a for a in b.value.args[1].fields]
-        inner[b.var] = bb.emit(relax.call_tir(b.value.args[0], relax.Tuple(args), out_ty=b.var.ty),
-                               str(b.var.name))
+        call = relax.call_tir(b.value.args[0], relax.Tuple(args), out_ty=b.var.ty)
+        output = last and k == len(bindings) - 1
+        inner[b.var] = bb.emit_output(call) if output else bb.emit(call, str(b.var.name))
     return inner[callee.body.body]
 
 
@@ -448,8 +456,9 @@ def _emit_group_function(bb, graph, members, name, kept=None):
         with bb.dataflow():
             for pos, i in enumerate(members):
                 node = graph.nodes[i]
-                if node.kind != "call_tir":  # a prologue's Primitive function: never the last
-                    local[node.outputs[0]] = _emit_inlined(bb, graph, node, local)
+                if node.kind != "call_tir":  # an earlier pass's group: its call_tirs inlined
+                    var = _emit_inlined(bb, graph, node, local, last=pos == len(members) - 1)
+                    local[node.outputs[0]] = var
                     continue
                 args = relax.Tuple([local[t] for t in _arg_tensors(graph, node.value)])
                 out_ty = node.var.ty

@@ -235,7 +235,8 @@ def test_prologue_fused_module_computes_what_onnxruntime_computes():
 
 def gelu_mlp(hidden=32, returned=False, reduced=False, act="gelu", seed=0):
     """``gelu(x @ W1 + b1) @ W2`` (W1 ``[hidden, 2 hidden]``), the GELU as HF's NewGELUActivation is exported (``0.5 x``
-    times ``1 + tanh(...)``: a diamond on ``h``); ``act="silu"``: ``h * sigmoid(h)`` instead.
+    times ``1 + tanh(...)``: a diamond on ``h``); ``act="silu"``: ``h * sigmoid(h)``,
+    ``act="erf"``: ``0.5 h (1 + erf(h / sqrt 2))`` instead.
     Controls: ``returned`` also returns ``h``; ``reduced`` also returns ``ReduceSum(h)`` (a
     reader that is no elementwise op)."""
     g = ob._Graph(seed)
@@ -252,6 +253,9 @@ def gelu_mlp(hidden=32, returned=False, reduced=False, act="gelu", seed=0):
                              scalar(np.sqrt(2 / np.pi))])
         y = g.op("Mul", [g.op("Mul", [h, scalar(0.5)]), g.op("Add", [g.op("Tanh", [inner]),
                                                                      scalar(1.0)])])
+    elif act == "erf":  # HF's exact GELU, as BERT exports it
+        erf = g.op("Erf", [g.op("Div", [h, scalar(np.sqrt(2.0))])])
+        y = g.op("Mul", [g.op("Mul", [h, scalar(0.5)]), g.op("Add", [erf, scalar(1.0)])])
     else:
         y = g.op("Mul", [h, g.op("Sigmoid", [h])])
     outputs = [(g.op("MatMul", [y, g.weight(2 * hidden, hidden)]), [1, hidden])]
@@ -432,9 +436,27 @@ def test_a_split_tails_elementwise_group_is_the_next_gemvs_prologue():
     assert len(graph_of(relax.transform.FuseTIR()(kept)).waves()) == 3
 
 
-@pytest.mark.parametrize("returned", [False, True])
-def test_the_inlined_prologue_computes_what_onnxruntime_computes(returned):
-    model = swiglu_mlp(returned=returned)
+def test_a_split_tails_function_of_one_tensor_is_its_producers_epilogue():
+    """BERT's erf-GELU: SplitTailFusion groups it first (a tail of h); it still becomes the
+    epilogue of h's GEMV + bias (its call_tirs inlined, its function gone). Control: h also
+    returned keeps it apart (the next GEMV's prologue)."""
+    from relay_passes.split_tail_fusion import SplitTailFusion
+
+    mod = ob.to_relax(gelu_mlp(act="erf"))
+    gelu = ["divide", "erf", "multiply", "add1", "multiply1"]
+    assert gelu in _main_calls(SplitTailFusion()(mod))
+    out = _tail_then_fusion(mod)
+    assert _main_calls(out) == [["matmul", "add", *gelu], ["matmul1"]]
+    assert len([gv for gv in out.get_global_vars() if "erf" in gv.name_hint]) == 2  # PrimFunc + group
+    kept = _tail_then_fusion(ob.to_relax(gelu_mlp(act="erf", returned=True)))
+    assert _main_calls(kept) == [["matmul", "add"], [*gelu, "matmul1"]]
+
+
+@pytest.mark.parametrize("model", ["swiglu", "swiglu_returned", "erf", "erf_returned"])
+def test_the_inlined_groups_compute_what_onnxruntime_computes(model):
+    kind, _, returned = model.partition("_")
+    model = swiglu_mlp(returned=bool(returned)) if kind == "swiglu" else gelu_mlp(
+        act="erf", returned=bool(returned))
     feeds = ob.random_inputs(model)
     got = ob.run_tvm_cpu(relax.transform.FuseTIR()(_tail_then_fusion(ob.to_relax(model))), feeds)
     want = ob.run_onnxruntime(model, feeds)
