@@ -20,7 +20,10 @@ steps):
 
 ``vec``: 16 bytes of float32 (4), 2 of float16 (``norm_gemv.HALF_VEC``: in an rProgram TVM's
 codegen cannot prove a wider float16 load aligned and writes a make_uint4 of halves that does
-not compile), halved until the lanes tile K exactly. Applies only to PrimFuncs with a block
+not compile), halved until the lanes tile K exactly. A lane's ``vec`` elements of Wt are read
+by one vectorized copy into registers: a vector load in a standalone kernel; in an rProgram
+(the weight's offset a run-time value) TVM's codegen gathers them element by element
+(``make_float4`` / ``make_half2``), the same scalar loads, still contiguous across the warp. Applies only to PrimFuncs with a block
 annotated :data:`NT_GEMV_ANNOTATION`; returns None where a primitive fails.
 """
 from __future__ import annotations
@@ -120,6 +123,12 @@ def schedule_nt_gemv(func: tirx.PrimFunc, threads: int = 256):
     sch.bind(pty, "threadIdx.y")
     sch.bind(ptx, "threadIdx.x")
     sch.set_scope(partial, 0, "local")
+    reads = [r.source for r in sch.get(partial).reads]
+    if vec > 1 and any(r.same_as(weight) for r in reads):  # a lane's vec elements: one load
+        cached = sch.cache_read(partial, [r.same_as(weight) for r in reads].index(True),
+                                "local")
+        sch.compute_at(cached, pko, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(cached)[-1])
     sch.unroll(pkv)
     sch.reverse_compute_at(gemv, pty, preserve_unit_loops=True)
     if not any(sch.get(gemv).writes[0].source.same_as(p) for p in func.params):
