@@ -379,16 +379,12 @@ class _Folder(relax.PyExprMutator):
 
 
 def _without_unused_combines(mod):
-    """``mod`` without the combine PrimFuncs no Relax function calls any more."""
+    """``mod`` without the combine PrimFuncs no Relax function calls any more (a call anywhere in
+    the function: a branch of an ``If`` too)."""
     called = set()
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            for block in func.body.blocks:
-                for binding in block.bindings:
-                    value = binding.value
-                    if isinstance(value, relax.Call) and isinstance(value.args[0] if value.args
-                                                                    else None, tvm.ir.GlobalVar):
-                        called.add(value.args[0])
+            called.update(relax.analysis.all_global_vars(func))
     keep = {gv: f for gv, f in mod.functions_items()
             if gv in called or not isinstance(f, tvm.tirx.PrimFunc) or f.attrs is None
             or f.attrs.get(KIND_ATTR, None) != "combine"}

@@ -574,6 +574,85 @@ def test_the_pass_is_in_the_rammer_pipeline():
     assert names.index("DecodeAttentionSplit") < names.index("MemoLegalizeOps")
 
 
+
+def _attention_then(consume, dtype="float32"):
+    """``main(q, k, v, pos)``: the masked attention (B=2, H=4, L=8, D=16) and ``consume(bb, out)``
+    of its result (what the combine's readers are)."""
+    op, b = relax.op, 2
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", _tensor((b, H, 1, D), dtype))
+    k, v = (relax.Var(n, _tensor((b, H, L, D), dtype)) for n in ("k", "v"))
+    pos = relax.Var("pos", _tensor((1,), "int64"))
+    with bb.function("main", [q, k, v, pos]):
+        with bb.dataflow():
+            scores = bb.emit(op.divide(bb.emit(op.matmul(q, bb.emit(op.permute_dims(
+                k, [0, 1, 3, 2])))), relax.const(4.0, dtype)))
+            mask = bb.emit(op.where(bb.emit(op.greater(relax.const(np.arange(L)), pos)),
+                                    relax.const(float(np.finfo(dtype).min), dtype),
+                                    relax.const(0.0, dtype)))
+            out = bb.emit(op.matmul(bb.emit(op.nn.softmax(bb.emit(op.add(scores, mask)))), v))
+            result = bb.emit_output(consume(bb, out))
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+def _combine_layouts(mod):
+    return sorted((s.out_layout, s.out_dtype) for s in (
+        DecodeAttentionShape.decode(f.attrs[da._PARAMS_ATTR]) for _, f in mod.functions_items()
+        if isinstance(f, tirx.PrimFunc) and f.attrs.get(da.KIND_ATTR, None) == "combine"))
+
+
+def test_only_a_sole_reader_of_the_claimed_layout_is_folded():
+    """fold_consumers' controls: a cast to float16 and a head transpose + reshape fold (b1x,
+    float16); a combine also returned, a float16 result cast up to float32 (two roundings), a
+    transpose of other axes or a reshape to another shape stay separate ops after the combine."""
+    op, fold = relax.op, DecodeAttentionSplit(fold_consumers=True)
+    cases = [
+        (lambda bb, x: op.reshape(bb.emit(op.permute_dims(bb.emit(op.astype(x, "float16")),
+                                                          [0, 2, 1, 3])), (2, 1, H * D)),
+         "float32", [("b1x", "float16")], []),
+        (lambda bb, x: relax.Tuple([bb.emit(op.astype(x, "float16")), x]), "float32",
+         [("", "float32")], ["astype"]),
+        (lambda bb, x: op.astype(x, "float32"), "float16", [("", "float16")], ["astype"]),
+        (lambda bb, x: op.permute_dims(x, [0, 1, 3, 2]), "float32", [("", "float32")],
+         ["permute_dims"]),
+        (lambda bb, x: op.reshape(x, (2, H * D)), "float32", [("", "float32")], ["reshape"])]
+    for consume, dtype, layouts, kept in cases:
+        mod = fold(_attention_then(consume, dtype))
+        assert _combine_layouts(mod) == layouts
+        text = mod["main"].script()
+        assert [name for name in ("astype", "permute_dims", "reshape")
+                if f"R.{name}(" in text] == kept, text
+
+
+def test_a_combine_called_in_a_branch_is_kept():
+    """An attention inside an ``If`` branch: the combine PrimFunc it calls stays in the module
+    (the pruning of unused combines once looked at main's top-level bindings only and dropped
+    it: ``GlobalVar decode_attention_combine is not defined``)."""
+    from tvm.script import ir as I, relax as R  # pylint: disable=import-outside-toplevel
+
+    slots, low = np.arange(8, dtype=np.int64), float(np.finfo(np.float32).min)
+
+    @I.ir_module
+    class Branch:  # pylint: disable=too-few-public-methods
+        @R.function
+        def main(q: R.Tensor((1, 4, 1, 16), "float32"), k: R.Tensor((1, 4, 8, 16), "float32"),
+                 v: R.Tensor((1, 4, 8, 16), "float32"), pos: R.Tensor((1,), "int64"),
+                 c: R.Tensor((), "bool")) -> R.Tensor((1, 4, 1, 16), "float32"):
+            if c:
+                s = R.divide(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(4.0))
+                m = R.where(R.greater(R.const(slots), pos), R.const(low), R.const(0.0))
+                r = R.matmul(R.nn.softmax(R.add(s, m), axis=-1), v)
+            else:
+                r = q
+            return r
+
+    mod = DecodeAttentionSplit(fold_consumers=True)(Branch)
+    assert _combine_layouts(mod) == [("", "float32")]
+    relax.analysis.well_formed(mod)  # raises when a called GlobalVar is missing
+    assert "decode_attention_combine" in mod["main"].script()
+
+
 # The reduced decoders.
 
 def _feeds(model, position, seed=1):
