@@ -566,6 +566,24 @@ def test_the_pipeline_gives_the_pass_its_veus_and_threads():
     assert (small.veus, small.threads) == (4, 128)
 
 
+def test_a_target_without_32_lane_warps_keeps_the_thread_per_slot_kernels():
+    """ROCm (64-lane waves): its code generator has no ``tvm_warp_shuffle_xor`` (building the
+    warp kernels for the MI300X fails: 'unknown intrinsic'), so the pipeline's pass there lays
+    out no warps (chunk_for's chunk, the fold kept); the H100's does (control)."""
+    from tvm_rammer.config import RammerConfig
+    from tvm_rammer.driver.pipeline import decode_attention_pass
+    from tvm_rammer.target import resolve_target
+
+    amd = decode_attention_pass(resolve_target("rammer/amd-mi300x"), RammerConfig())
+    assert (amd.threads, amd.veus, amd.fold_consumers) == (None, None, True)
+    nvidia = decode_attention_pass(resolve_target(TARGET), RammerConfig())
+    for pass_, warps in ((amd, 0), (nvidia, 8)):
+        mod = pass_(before(dim=32))
+        assert [s.warps for s in _partial_shapes(mod)] == [warps]
+        shuffles = [f.script().count("tvm_warp_shuffle_xor") for _, f in mod.functions_items()
+                    if isinstance(f, tirx.PrimFunc)]
+        assert (sum(shuffles) > 0) == bool(warps), shuffles
+
 def test_the_pass_is_in_the_rammer_pipeline():
     from tvm_rammer.config import RammerConfig
     from tvm_rammer.driver.pipeline import graph_passes

@@ -163,8 +163,12 @@ def decode_attention_pass(target: tvm.target.Target, config: RammerConfig) -> De
     """DecodeAttentionSplit for the target's vDevice: phase 1 a warp per slot in rTasks of
     ``max_rtask_threads`` threads, its chunk filling the vEUs (as :func:`split_k_passes` counts
     them: SMs x the vEUs per SM of such an rTask) with one round of rTasks; the combine's cast,
-    head transpose and reshape folded into its store."""
+    head transpose and reshape folded into its store. A target whose warps are not 32 lanes
+    (ROCm's 64-lane waves: its code generator has no ``tvm_warp_shuffle_xor``, and the warp
+    kernels' lanes are 32) keeps the thread-per-slot kernels and ``chunk_for``'s chunk."""
     vdevice = vdevice_for(target, config)
+    if vdevice.warp_size != 32:
+        return DecodeAttentionSplit(fold_consumers=True)
     veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
     return DecodeAttentionSplit(veus=veus, threads=config.max_rtask_threads, fold_consumers=True)
 
