@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from relay_passes import decode_attention as pass_module
@@ -310,6 +311,37 @@ def test_warp_per_slot_needs_whole_warps_of_dims():
     assert da.combine_warps(DecodeAttentionShape(1, 1, 1, 8, 96, 4, 1.0, True, warps=4)) == 4
     assert da.combine_warps(DecodeAttentionShape(1, 1, 1, 8, 32, 4, 1.0, True, warps=3)) == 2
 
+
+def test_no_thread_per_slot_version_needs_more_than_48_kib_of_shared_memory():
+    """chunk_to_fill's chunks reach 128 slots and more (a Llama-8B-shaped step: 32 heads, L 4096,
+    D 128, chunk 256): 128 threads x (D + 2) floats of state is 66,560 bytes, which ptxas rejects
+    ('uses too much shared data (0x10400 bytes, 0xc000 max)'), so no such version is listed and
+    the default of a shape without warps is the widest that fits; at D 64 128 threads stay
+    (control)."""
+    big = DecodeAttentionShape(1, 32, 8, 4096, 128, 256, 11.3, True, 1, "float16", "float16",
+                               "float16", warps=8)
+    names = [n for n, _ in partial_versions(big)]
+    assert names == ["decode_attention_w8", "decode_attention_t64g1", "decode_attention_t64g2",
+                     "decode_attention_t32g1", "decode_attention_t32g2"]
+    assert [n for n, _ in partial_versions(dataclasses.replace(big, head_dim=64))][1:3] == [
+        "decode_attention_t128g1", "decode_attention_t128g2"]
+    odd = DecodeAttentionShape(1, 4, 4, 512, 112, 128, 1.0, True)  # no warps: D % 32 != 0
+    tvm.ir.assert_structural_equal(partial_func(odd), partial_versions(odd)[0][1])
+    assert partial_versions(odd)[0][0] == "decode_attention_t64g1"
+    for shape in (big, odd):
+        for name, func in partial_versions(shape):
+            shared = [int(np.prod([int(d) for d in b.shape])) * 4 for b in _shared_buffers(func)]
+            assert shared and max(shared) <= 48 * 1024, (name, shared)
+
+
+def _shared_buffers(func):
+    found = []
+
+    def visit(block):
+        found.extend(b for b in block.alloc_buffers if str(b.scope()) == "shared")
+
+    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, visit)])
+    return found
 
 def test_rtasks_and_what_the_cost_model_is_charged():
     """Phase 1: one rTask per (b, head, chunk group), whole warps, the most threads first (the

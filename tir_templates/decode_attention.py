@@ -177,6 +177,17 @@ def _widest(fill: int) -> int:
     return max(t for t in (32, 64, 128) if t == 32 or t <= fill)
 
 
+SHARED_LIMIT = 48 * 1024  # static shared memory of a CUDA kernel (ptxas rejects more)
+
+
+def _slot_threads(shape) -> tuple:
+    """Thread counts of the thread-per-slot phase 1, the most first: 32, and 64 / 128 where a
+    chunk fills them and their shared state (``threads x (D + 2)`` floats) fits
+    :data:`SHARED_LIMIT` (128 threads at D = 128: 66,560 bytes, which ptxas rejects)."""
+    return tuple(t for t in (128, 64, 32)
+                 if t == 32 or (t <= shape.chunk and t * (shape.head_dim + 2) * 4 <= SHARED_LIMIT))
+
+
 def partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
                  bound_shift: int = 0) -> tirx.PrimFunc:
     """Phase 1 (module docstring), the default version when ``threads`` is None: a warp per slot
@@ -298,12 +309,13 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
 def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
                         bound_shift: int = 0) -> tirx.PrimFunc:
     """Phase 1, a thread per slot: one rTask per (b, head, ``group`` chunks), ``threads``
-    threads (None: the most a chunk fills), each thread taking the chunk's slots ``tx, tx +
-    threads, ...`` with its whole (m, l, acc[D]) in registers, the threads' states merged through
-    shared memory. Also runs with its thread loops serial (llvm)."""
+    threads (None: the most a chunk fills whose shared state fits, :func:`_slot_threads`), each
+    thread taking the chunk's slots ``tx, tx + threads, ...`` with its whole (m, l, acc[D]) in
+    registers, the threads' states merged through shared memory. Also runs with its thread loops
+    serial (llvm)."""
     B, H, KV, L, D, C = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
                          shape.head_dim, shape.chunk)
-    NC, G, TH = shape.chunks, H // shape.kv_heads, threads or _widest(shape.chunk)
+    NC, G, TH = shape.chunks, H // shape.kv_heads, threads or _slot_threads(shape)[0]
     if NC % group:
         raise ValueError(f"decode attention: {NC} chunks are not a multiple of group={group}")
     tasks = B * H * (NC // group)
@@ -525,15 +537,14 @@ def thread_combine_func(shape: DecodeAttentionShape, threads: int | None = None)
 def partial_versions(shape: DecodeAttentionShape) -> list:
     """(name, PrimFunc) of every phase-1 variant: where the shape has warps, a warp per slot with
     ``shape.warps`` warps first (the default, what :func:`partial_func` makes); then a thread per
-    slot with 32, 64 or 128 threads (those a chunk fills, 32 at least: whole warps), one or two
+    slot with 32, 64 or 128 threads (those a chunk fills and whose shared state fits
+    :data:`SHARED_LIMIT`, 32 at least: whole warps), one or two
     chunks per rTask (two when the chunks pair up), the most threads first (the default of a
     shape without warps)."""
     found = []
     if shape.warps:
         found.append((f"decode_attention_w{shape.warps}", warp_partial_func(shape, shape.warps)))
-    for threads in (128, 64, 32):
-        if threads > 32 and threads > shape.chunk:
-            continue
+    for threads in _slot_threads(shape):
         for group in (1, 2):
             if shape.chunks % group == 0 and (group == 1 or shape.chunks > 1):
                 found.append((f"decode_attention_t{threads}g{group}",
