@@ -303,3 +303,22 @@ def test_the_cli_turns_the_prefetch_off_and_leaves_it_on_by_default():
         assert cli._config(parser.parse_args(command)).prefetch_weights is True
         off = parser.parse_args(command + ["--no-prefetch-weights"])
         assert cli._config(off).prefetch_weights is False
+
+
+def test_the_table_gets_each_operators_prefetch_fraction():
+    """prefetch_ranges hands encode_program each prefetching operator's rTasks, its constants'
+    (offset, bytes) and its ROperator.prefetch_fraction (1.0 for one whose weights fit the L2);
+    a weight apart (no offset in the blob) gives no entry."""
+    from types import SimpleNamespace
+
+    from tvm_rammer.driver.prefetch import prefetch_ranges
+
+    big, small, apart = (_Tensor((n,)) for n in (64 << 19, 1 << 19, 16))
+    graph = SimpleNamespace(nodes={0: _Node(big), 1: _Node(small), 2: _Node(apart)})
+    tensors = SimpleNamespace(where={big: ("w", 4096), small: ("w", 0), apart: ("p", None)})
+    kernel = RKernel("gemv", 512, 256, None, 0, 10.0, "t")
+    ops = {0: ROperator(0, "a", [kernel], prefetch_inputs=(0,), prefetch_fraction=0.25),
+           1: ROperator(1, "b", [kernel], prefetch_inputs=(0,)),
+           2: ROperator(2, "c", [kernel], prefetch_inputs=(0,))}
+    got = prefetch_ranges(graph, [0, 1, 2], ops, {0: 0, 1: 0, 2: 0}, tensors)
+    assert got == {0: (512, ((4096, 64 << 20),), 0.25), 1: (512, ((0, 1 << 20),), 1.0)}

@@ -18,7 +18,8 @@ decides both sides from one rule, so the model charges the overlap exactly where
   less the dispatch overhead; inputs the model already reads from L2,
   ``rkernels.resident_inputs``, not counted);
 - :func:`prefetch_ranges`: for an rProgram's table (``codegen.persistent.encode_program``), each
-  prefetching operator's rTask count and its constants' ``(byte offset, bytes)`` in the weights blob.
+  prefetching operator's rTask count, its constants' ``(byte offset, bytes)`` in the weights blob
+  and the fraction of each share prefetched.
 
 In: dataflow-graph nodes, scheduled PrimFuncs, rOperators, a TensorPlan. Out: rOperators, dicts.
 CUDA targets only: the ROCm back end emits no prefetch, so it is charged none.
@@ -109,7 +110,9 @@ def with_prefetch(op, node, boxes, weights: set, config, vdevice, resident: tupl
 
 def prefetch_ranges(graph, node_ids, ops: dict, selected: dict, tensors) -> dict:
     """op uid -> (rTasks of its selected rKernel, ``((byte offset, bytes), ...)`` of its prefetched
-    inputs in the weights blob), for the operators of one rProgram whose rKernel prefetches."""
+    inputs in the weights blob, the part of each rTask's share prefetched
+    (``ROperator.prefetch_fraction``)), for the operators of one rProgram whose rKernel
+    prefetches."""
     found = {}
     for op in node_ids:
         kernel = ops[op].kernels[selected[op]]
@@ -123,5 +126,6 @@ def prefetch_ranges(graph, node_ids, ops: dict, selected: dict, tensors) -> dict
             if offset is not None:
                 ranges.append((int(offset), _nbytes(t)))
         if ranges:
-            found[op] = (kernel.num_rtasks, tuple(ranges), getattr(ops[op], "prefetch_fraction", 1.0))
+            found[op] = (kernel.num_rtasks, tuple(ranges),
+                         getattr(ops[op], "prefetch_fraction", 1.0))
     return found
