@@ -26,10 +26,11 @@ rOperators, the second reading what the first writes:
 Every function here is a scheduled PrimFunc (``tirx.is_scheduled``): blockIdx = rTasks. Two
 layouts of each phase; which one is the default is the shape's ``warps``:
 
-- ``warps`` > 0 (the pipeline's: ``warps x 32`` = the vEU width it allows, ``D % 32 == 0``): phase
-  1 a warp per slot (:func:`warp_partial_func`: one rTask per (b, head, chunk), lane ``l`` holds
-  dims ``l, l + 32, ...``, so a warp reads a K / V row whole and in order; q . k a butterfly of
-  xor shuffles; the warps' states merged through shared memory); phase 2 a warp per dim
+- ``warps`` > 0 (the pipeline's on 32-lane warps, CUDA: ``warps x 32`` = the vEU width it allows,
+  ``D % 32 == 0``; ROCm's code generator has no ``tvm_warp_shuffle_xor``): phase 1 a warp per
+  slot (:func:`warp_partial_func`: one rTask per (b, head, chunk), lane ``l`` holds dims ``l, l +
+  32, ...``, so a warp reads a K / V row whole and in order; q . k a butterfly of xor shuffles;
+  the warps' states merged through shared memory); phase 2 a warp per dim
   (:func:`warp_combine_func`: one rTask per (b, head, ``warps`` dims), lane = chunk, shuffles).
   Shuffles have no serial form: these run on a GPU or the CUDA emulator only.
 - ``warps`` 0: phase 1 a thread per slot (:func:`thread_partial_func`: one rTask per (b, head,
