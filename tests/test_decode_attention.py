@@ -675,6 +675,37 @@ def test_only_a_sole_reader_of_the_claimed_layout_is_folded():
                 if f"R.{name}(" in text] == kept, text
 
 
+def test_the_folded_layout_holds_the_graphs_elements_at_batch_two_on_llvm():
+    """Batch 2: the combine storing b1x float16 (a cast, the head transpose and a reshape folded)
+    gives what the graph's own ops give (llvm, thread loops serial), at positions 0, 5, L - 1;
+    control: the same elements in [B, 1, D, H] order (heads and dims swapped) are told apart."""
+    op = relax.op
+    consume = (lambda bb, x: op.reshape(bb.emit(op.permute_dims(bb.emit(op.astype(
+        x, "float16")), [0, 2, 1, 3])), (2, 1, H * D)))
+    mod = _attention_then(consume)
+    folded = DecodeAttentionSplit(fold_consumers=True)(mod)
+    assert _combine_layouts(folded) == [("b1x", "float16")]
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype("float32") for s in ((2, H, 1, D), (2, H, L, D),
+                                                                (2, H, L, D))]
+    outs = []
+    for m in (DecodeAttentionSplit()(mod), folded):
+        m = relax.transform.LegalizeOps()(m)
+        for gv, func in list(m.functions_items()):
+            if isinstance(func, tirx.PrimFunc):
+                m[gv] = serial_threads(func)
+        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
+        for p in (0, 5, L - 1):
+            outs.append(vm["main"](*[tvm.runtime.tensor(a) for a in args],
+                                   tvm.runtime.tensor(np.array([p], np.int64))).numpy())
+    for unfolded, got in zip(outs[:3], outs[3:]):
+        assert got.shape == (2, 1, H * D) and got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float32), unfolded.astype(np.float32),
+                                   rtol=1e-3, atol=1e-3)
+    swapped = outs[4].reshape(2, 1, H, D).transpose(0, 1, 3, 2).reshape(2, 1, H * D)
+    assert np.abs(swapped.astype(np.float32) - outs[1].astype(np.float32)).max() > 1e-2
+    assert np.abs(outs[3][0] - outs[3][1]).max() > 1e-2  # the batches differ: not one copied
+
 def test_a_combine_called_in_a_branch_is_kept():
     """An attention inside an ``If`` branch: the combine PrimFunc it calls stays in the module
     (the pruning of unused combines once looked at main's top-level bindings only and dropped
