@@ -230,7 +230,7 @@ def test_float16_versions_match_numpy_on_the_cuda_emulator():
 
 
 WARP_SHAPES = [  # a warp per slot: GQA, 4 warps over chunks of 8 (2 slots a warp), 2 dims a lane
-    DecodeAttentionShape(1, 4, 2, 32, 64, 8, 8.0, True, warps=4),
+    DecodeAttentionShape(2, 4, 2, 32, 64, 8, 8.0, True, warps=4),  # batch 2: (b, h) of each rTask
     DecodeAttentionShape(1, 4, 2, 32, 64, 8, 0.125, False, 1, "float16", "float16", "float16",
                          warps=4),
     DecodeAttentionShape(1, 2, 1, 20, 32, 8, 4.0, True, 0, "float16", "float32", "float32",
