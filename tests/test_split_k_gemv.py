@@ -543,3 +543,38 @@ def test_the_nt_rule_leaves_other_functions_and_lays_out_whole_warps():
     assert nt_gemv_layout(64, 8, 4) == (32, 2)
     assert nt_gemv_layout(48, 8, 4) is None  # 32 lanes do not tile 48
     assert nt_gemv_layout(64, 16, 4) is None  # 16 threads a row: not a warp
+
+
+def _gated_nt_gemv(k, n, x_dtype, w_dtype, rows=4):
+    """An annotated GEMV whose row is an elementwise prologue of two tensors, ``(a * b) @ Wt^T``
+    (Llama's down projection after silu(gate) * up; GPT-2's fc2 after the GELU's last multiply),
+    plus one, cast to ``x_dtype``: the PrimFunc FuseTIR makes of them (TE)."""
+    from tvm import te
+    from tir_templates.nt_gemv import NT_GEMV_ANNOTATION
+
+    i64 = lambda d: tvm.tirx.IntImm("int64", d)  # noqa: E731
+    a = te.placeholder([i64(1), i64(k)], x_dtype, name="a")
+    b = te.placeholder([i64(1), i64(k)], x_dtype, name="b")
+    wt = te.placeholder([i64(n), i64(k)], w_dtype, name="wt")
+    row = te.compute(a.shape, lambda i, j: a[i, j] * b[i, j], name="gate")
+    r = te.reduce_axis((i64(0), i64(k)), name="k")
+    y = te.compute([i64(1), i64(n)], lambda i, j: te.sum(
+        row[i, r].astype("float32") * wt[j, r].astype("float32"), axis=r), name="nt_gemv",
+        attrs={NT_GEMV_ANNOTATION: rows})
+    out = te.compute(y.shape, lambda i, j: (y[i, j] + 1.0).astype(x_dtype), name="epilogue")
+    return te.create_prim_func([a, b, wt, out])
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, vec", [("float16", "float16", 2),
+                                                    ("float32", "float16", 2),
+                                                    ("float16", "float32", 4)])
+def test_the_nt_rule_loads_the_weight_in_vectors_behind_a_two_tensor_prologue(x_dtype, w_dtype,
+                                                                               vec):
+    """With the prologue (a * b) inlined, the GEMV block reads a, b and Wt: the vector load and
+    the vec of the layout are Wt's (its dtype), not the prologue's second tensor's."""
+    from tir_templates.nt_gemv import schedule_nt_gemv
+
+    script = schedule_nt_gemv(_gated_nt_gemv(512, 64, x_dtype, w_dtype)).mod["main"].script()
+    assert "wt_local = T.sblock_alloc_buffer" in script
+    assert "b_local" not in script and "a_local" not in script
+    assert f"T.vectorized(T.int64({vec}))" in script and f"T.unroll(T.int64({vec}))" in script

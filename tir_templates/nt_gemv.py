@@ -96,6 +96,7 @@ def schedule_nt_gemv(func: tirx.PrimFunc, threads: int = 256):
     gemv = _annotated(sch)
     rows = int(sch.get(gemv).annotations[NT_GEMV_ANNOTATION])
     sch.unannotate(gemv, NT_GEMV_ANNOTATION)
+    weight = sch.get(gemv).reads[1].source  # Wt: read second (x first) until a prologue joins
     root = sch.get_sblock("root")
     progress = True
     while progress:  # the prologue (elementwise over x) into the GEMV's read
@@ -107,7 +108,6 @@ def schedule_nt_gemv(func: tirx.PrimFunc, threads: int = 256):
             progress = True
             break
     *lead, n, k = sch.get_loops(gemv)
-    weight = sch.get(gemv).reads[1].source
     layout = nt_gemv_layout(int(sch.get(k).extent), rows,
                             np.dtype(str(weight.dtype)).itemsize, threads)
     if layout is None or int(sch.get(n).extent) % rows:
