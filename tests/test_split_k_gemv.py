@@ -473,13 +473,13 @@ def test_the_nt_gemv_kernel_matches_numpy_on_the_cuda_emulator(dtype, k, n, veus
         pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
     from tir_templates.nt_gemv import NT_GEMV_ANNOTATION, NTGEMV
     from tvm_rammer.checks.emulator.versions import _build, _run
-    from tvm_rammer.target import resolve_target
+    from tvm_rammer.target import resolve_target, rkernel_target
 
     fused, w, b = _fused_nt_gemv(k, n, dtype, veus)
     assert NT_GEMV_ANNOTATION in fused.script()  # the annotation FuseTIR keeps
     assert f"{NT_GEMV_ANNOTATION}\": {rows}" in fused.script()
-    target = resolve_target("rammer/nvidia-h100")
-    scheduled = NTGEMV().apply(fused, target)
+    target = resolve_target("rammer/nvidia-h100")  # scheduled as in the pipeline: 256 threads
+    scheduled = NTGEMV().apply(fused, rkernel_target(target, RammerConfig()))
     assert scheduled is not None
     func = scheduled.mod["main"]
     assert f"T.int64({n // rows}), thread=\"blockIdx.x\"" in func.script()
@@ -578,3 +578,26 @@ def test_the_nt_rule_loads_the_weight_in_vectors_behind_a_two_tensor_prologue(x_
     assert "wt_local = T.sblock_alloc_buffer" in script
     assert "b_local" not in script and "a_local" not in script
     assert f"T.vectorized(T.int64({vec}))" in script and f"T.unroll(T.int64({vec}))" in script
+
+
+@pytest.mark.parametrize("max_rtask_threads", [128, 256, 1024])
+def test_the_nt_rule_schedules_the_rows_the_pass_chose_at_the_configs_threads(max_rtask_threads):
+    """The pass chooses r for ``max_rtask_threads`` threads an rTask (the pipeline's
+    split_k_passes); NTGEMV, under the rKernel target (threads capped at the same), lays out those
+    r rows: N 4096 at 1024 threads on the H100's 132 vEUs is r 32 (32 lanes a row), which a rule
+    capped at 256 threads (8 lanes a row) left to dlight."""
+    from tir_templates.nt_gemv import NTGEMV
+    from tvm_rammer.driver.pipeline import split_k_passes
+    from tvm_rammer.target import resolve_target, rkernel_target
+
+    config = RammerConfig(max_rtask_threads=max_rtask_threads)
+    target = resolve_target("rammer/nvidia-h100")
+    (split,) = split_k_passes(target, config)
+    rows = pass_module.nt_rows(4096, 4096, 2, split.veus, split.threads)
+    assert rows is not None and 4096 // rows <= split.veus
+    func = pass_module.nt_gemv_func([1, 4096], 4096, rows, "float16", "float32")
+    scheduled = NTGEMV().apply(func, rkernel_target(target, config))
+    assert scheduled is not None
+    script = scheduled.mod["main"].script()
+    assert f"T.int64({4096 // rows}), thread=\"blockIdx.x\"" in script
+    assert f"T.int64({max_rtask_threads // rows}), thread=\"threadIdx.x\"" in script

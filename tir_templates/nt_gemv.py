@@ -68,7 +68,9 @@ def _annotated(sch):
 
 class NTGEMV:
     """A dlight-style rule (``apply(func, target, tunable)``) for the transposed-weight GEMV; see
-    the module docstring. Returns None for any other function."""
+    the module docstring. Its rTasks have the target's ``max_num_threads`` (the pipeline's rKernel
+    target: ``max_rtask_threads``, the threads SplitKGEMV chose ``r`` for), 256 without a target.
+    Returns None for any other function."""
 
     schedule_name = "nt_gemv"  # default_schedule.SCHEDULED_BY_ATTR of what it schedules
 
@@ -84,7 +86,7 @@ class NTGEMV:
         if target is not None and hasattr(target, "attrs"):
             max_threads = int(target.attrs.get("max_num_threads", 256))
         try:
-            return schedule_nt_gemv(func, min(256, max_threads))
+            return schedule_nt_gemv(func, max_threads)
         except Exception:  # pylint: disable=broad-except  (a primitive that fails = does not apply)
             return None
 
