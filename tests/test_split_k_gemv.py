@@ -9,6 +9,7 @@ rammer graph passes on llvm and (slow) the pipeline's CUDA on the CPU emulator, 
 onnxruntime; the pipeline's vEU count and the config flag.
 """
 
+import logging
 import shutil
 
 import numpy as np
@@ -529,7 +530,7 @@ def test_reduced_decoders_with_the_one_operator_gemv_match_onnxruntime_on_the_em
         assert max(_errors(result.outputs, model, feeds)) <= tol, p
 
 
-def test_the_nt_rule_leaves_other_functions_and_lays_out_whole_warps():
+def test_the_nt_rule_leaves_other_functions_and_lays_out_whole_warps(caplog):
     """NTGEMV: None for a function without the annotation, and for an annotated one whose rows
     leave no whole warps over K (r 3 of 256 threads: dlight's rules take it then); its layouts
     tile K exactly with whole warps (vec 4 float32, 2 float16, halved until they tile)."""
@@ -538,7 +539,9 @@ def test_the_nt_rule_leaves_other_functions_and_lays_out_whole_warps():
     assert NTGEMV().apply(tirx.PrimFunc([], tirx.Evaluate(0))) is None
     assert NTGEMV().apply(partial_func([1, 64], 4, 32, "float32", "float32")) is None
     odd = pass_module.nt_gemv_func([1, 64], 30, 3, "float32", "float32")
-    assert NTGEMV().apply(odd) is None
+    with caplog.at_level(logging.DEBUG, logger="tir_templates.nt_gemv"):
+        assert NTGEMV().apply(odd) is None
+    assert "NTGEMV does not apply: no layout of whole warps" in caplog.text  # said, not hidden
     assert nt_gemv_layout(768, 2, 2) == (128, 2)
     assert nt_gemv_layout(768, 2, 4) == (128, 2)  # 128 x 4 does not tile 768
     assert nt_gemv_layout(8192, 4, 2) == (64, 2)

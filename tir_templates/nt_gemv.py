@@ -23,10 +23,15 @@ codegen cannot prove a wider float16 load aligned and writes a make_uint4 of hal
 not compile), halved until the lanes tile K exactly. A lane's ``vec`` elements of Wt are read
 by one vectorized copy into registers: a vector load in a standalone kernel; in an rProgram
 (the weight's offset a run-time value) TVM's codegen gathers them element by element
-(``make_float4`` / ``make_half2``), the same scalar loads, still contiguous across the warp. Applies only to PrimFuncs with a block
-annotated :data:`NT_GEMV_ANNOTATION`; returns None where a primitive fails.
+(``make_float4`` / ``make_half2``), the same scalar loads, still contiguous across the warp.
+Wt is the GEMV block's second read (x its first) before a prologue is inlined. Applies only to
+PrimFuncs with a block annotated :data:`NT_GEMV_ANNOTATION`; returns None (the reason logged at
+debug level) where a primitive fails, there is no layout or the epilogue is not a chain: dlight's
+rules schedule the function then.
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import tvm_ffi
@@ -38,6 +43,7 @@ from .norm_gemv import HALF_VEC, VECTOR_BYTES
 __all__ = ["NTGEMV", "NT_GEMV_ANNOTATION", "nt_gemv_layout", "schedule_nt_gemv"]
 
 NT_GEMV_ANNOTATION = "rammer.nt_gemv"  # its value: r, the rows of Wt per rTask
+LOG = logging.getLogger(__name__)
 WARP = 32
 
 
@@ -87,7 +93,9 @@ class NTGEMV:
             max_threads = int(target.attrs.get("max_num_threads", 256))
         try:
             return schedule_nt_gemv(func, max_threads)
-        except Exception:  # pylint: disable=broad-except  (a primitive that fails = does not apply)
+        except Exception as err:  # pylint: disable=broad-except  (a failing primitive: no apply)
+            LOG.debug("tvm-rammer: NTGEMV does not apply: %s",
+                      (str(err).strip().splitlines() or [type(err).__name__])[-1])
             return None
 
 
