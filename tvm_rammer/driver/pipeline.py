@@ -71,6 +71,14 @@ DEFAULT_UNAVAILABLE_ATTR = "rammer.default_unavailable"  # why TVM's default cou
 LOG = logging.getLogger("tvm_rammer")
 
 
+def own_schedule_rules() -> tuple:
+    """The schedule rules the pipeline applies before dlight's, each to the functions one of its
+    graph passes made (GEMVEpilogueFusion's cells, DecodeAttentionSplit's phases, NormGEMVFusion's
+    norm + GEMVs, SplitKGEMV's transposed-weight GEMVs): an operator's own version is the schedule
+    of the rule that took it (its ``schedule_name``), else dlight's."""
+    return (GEMVEpilogue(), DecodeAttentionRule(), NormGEMV(), NTGEMV())
+
+
 def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None,
                   started: float | None = None) -> list:
     """The rammer Relax pipeline as a flat list of passes. ``profiler``: where rKernel and rProgram
@@ -85,8 +93,7 @@ def rammer_passes(target: tvm.target.Target, config: RammerConfig, profiler=None
                       decode_attention_pass(target, config)),
         StashUnscheduled(),                            # rKernel versions re-schedule these
         _with_target(rkernel_target(target, config),   # rKernels = dlight (fused cells: ours)
-                     default_schedule_pass(GEMVEpilogue(), DecodeAttentionRule(), NormGEMV(),
-                                           NTGEMV())),
+                     default_schedule_pass(*own_schedule_rules())),
         _with_target(target, RammerBackend(config, profiler, started)),  # versions, policy, kernels
         *([LiftWeightTransforms()] if config.weights == "apart" else []),  # blobs packed once
         *timeline,                                     # after the rewrite: main returns the buffers
