@@ -539,7 +539,7 @@ def test_the_nt_rule_leaves_other_functions_and_lays_out_whole_warps(caplog):
     assert NTGEMV().apply(tirx.PrimFunc([], tirx.Evaluate(0))) is None
     assert NTGEMV().apply(partial_func([1, 64], 4, 32, "float32", "float32")) is None
     odd = pass_module.nt_gemv_func([1, 64], 30, 3, "float32", "float32")
-    with caplog.at_level(logging.DEBUG, logger="tir_templates.nt_gemv"):
+    with caplog.at_level(logging.DEBUG, logger="tir_templates.annotated_rule"):
         assert NTGEMV().apply(odd) is None
     assert "NTGEMV does not apply: no layout of whole warps" in caplog.text  # said, not hidden
     assert nt_gemv_layout(768, 2, 2) == (128, 2)

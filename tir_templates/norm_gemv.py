@@ -31,9 +31,10 @@ function does not have that shape (the pass fuses only what it recognises).
 from __future__ import annotations
 
 import numpy as np
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
+
+from .annotated_rule import AnnotatedRule
 
 __all__ = ["NormGEMV", "NORM_GEMV_ANNOTATION", "norm_gemv_shape", "schedule_norm_gemv"]
 
@@ -84,27 +85,15 @@ def norm_gemv_shape(n: int, k: int, itemsize: int, max_threads: int = 256) -> tu
     return vec, threads_n, split_k
 
 
-class NormGEMV:
+class NormGEMV(AnnotatedRule):
     """A dlight-style rule (``apply(func, target, tunable)``) for a norm fused into a GEMV; see
-    the module docstring. Returns None for any other function."""
+    the module docstring. Returns None for any other function (``annotated_rule.AnnotatedRule``)."""
 
+    annotation = NORM_GEMV_ANNOTATION
     schedule_name = "norm_gemv"  # default_schedule.SCHEDULED_BY_ATTR of what it schedules
 
-    def apply(self, func, target=None, _tunable=False):
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        marked = []
-        tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: marked.append(
-            NORM_GEMV_ANNOTATION in b.annotations))])
-        if not any(marked):
-            return None
-        max_threads = 256
-        if target is not None and hasattr(target, "attrs"):
-            max_threads = int(target.attrs.get("max_num_threads", 256))
-        try:
-            return schedule_norm_gemv(func, max_threads)
-        except Exception:  # pylint: disable=broad-except  (a primitive that fails = does not apply)
-            return None
+    def schedule(self, func, max_threads):
+        return schedule_norm_gemv(func, max_threads)
 
 
 def _inline_between(sch, matmul):

@@ -31,19 +31,16 @@ rules schedule the function then.
 """
 from __future__ import annotations
 
-import logging
-
 import numpy as np
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 
+from .annotated_rule import AnnotatedRule
 from .norm_gemv import HALF_VEC, VECTOR_BYTES
 
 __all__ = ["NTGEMV", "NT_GEMV_ANNOTATION", "nt_gemv_layout", "schedule_nt_gemv"]
 
 NT_GEMV_ANNOTATION = "rammer.nt_gemv"  # its value: r, the rows of Wt per rTask
-LOG = logging.getLogger(__name__)
 WARP = 32
 
 
@@ -72,31 +69,17 @@ def _annotated(sch):
     return None
 
 
-class NTGEMV:
+class NTGEMV(AnnotatedRule):
     """A dlight-style rule (``apply(func, target, tunable)``) for the transposed-weight GEMV; see
     the module docstring. Its rTasks have the target's ``max_num_threads`` (the pipeline's rKernel
     target: ``max_rtask_threads``, the threads SplitKGEMV chose ``r`` for), 256 without a target.
-    Returns None for any other function."""
+    Returns None for any other function (``annotated_rule.AnnotatedRule``)."""
 
+    annotation = NT_GEMV_ANNOTATION
     schedule_name = "nt_gemv"  # default_schedule.SCHEDULED_BY_ATTR of what it schedules
 
-    def apply(self, func, target=None, _tunable=False):
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        marked = []
-        tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: marked.append(
-            NT_GEMV_ANNOTATION in b.annotations))])
-        if not any(marked):
-            return None
-        max_threads = 256
-        if target is not None and hasattr(target, "attrs"):
-            max_threads = int(target.attrs.get("max_num_threads", 256))
-        try:
-            return schedule_nt_gemv(func, max_threads)
-        except Exception as err:  # pylint: disable=broad-except  (a failing primitive: no apply)
-            LOG.debug("tvm-rammer: NTGEMV does not apply: %s",
-                      (str(err).strip().splitlines() or [type(err).__name__])[-1])
-            return None
+    def schedule(self, func, max_threads):
+        return schedule_nt_gemv(func, max_threads)
 
 
 def schedule_nt_gemv(func: tirx.PrimFunc, threads: int = 256):
