@@ -159,8 +159,7 @@ def split_k_passes(target: tvm.target.Target, config: RammerConfig) -> list:
         return []
     vdevice = vdevice_for(target, config)
     cost = cost_config(config, vdevice)
-    veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
-    return [SplitKGEMV(veus, step_us=cost.barrier_us + cost.per_rtask_overhead_us,
+    return [SplitKGEMV(_graph_veus(vdevice, config), step_us=cost.barrier_us + cost.per_rtask_overhead_us,
                        mem_bw_gbps=cost.mem_bw_gbps, rtask_us=cost.per_rtask_overhead_us,
                        leave_norm_rows=config.fusion and config.norm_fusion, nt=True,
                        threads=config.max_rtask_threads)]
@@ -176,8 +175,15 @@ def decode_attention_pass(target: tvm.target.Target, config: RammerConfig) -> De
     vdevice = vdevice_for(target, config)
     if vdevice.warp_size != 32:
         return DecodeAttentionSplit(fold_consumers=True)
-    veus = vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
-    return DecodeAttentionSplit(veus=veus, threads=config.max_rtask_threads, fold_consumers=True)
+    return DecodeAttentionSplit(veus=_graph_veus(vdevice, config), threads=config.max_rtask_threads,
+                                fold_consumers=True)
+
+
+def _graph_veus(vdevice, config: RammerConfig) -> int:
+    """The vEUs the graph passes fill (SplitKGEMV, DecodeAttentionSplit): the vDevice's SMs x the
+    vEUs per SM of an rTask of ``max_rtask_threads`` threads (default registers, no shared memory:
+    the count before any rKernel is known; H100 preset 132 x 4 = 528)."""
+    return vdevice.num_sms * vdevice.occupancy(config.max_rtask_threads, None, 0)
 
 
 def inference_passes() -> list:
