@@ -192,6 +192,94 @@ def test_only_barriers_before_a_prefetching_operator_get_a_record():
     assert plain.size < table.size
 
 
+def test_prefetch_points_move_back_past_operators_without_weights():
+    """vEU queue: barrier, X (no weights), barrier, X, barrier, Y0 Y1 (weights), barrier, Z0
+    (weights). Y0's prefetch goes to the earliest of its last ``lookahead`` barriers since the
+    queue's start; Z0's cannot pass Y's rTasks (Y prefetches); Y1 (no barrier right before)
+    gets none; without prefetching operators, nothing."""
+    from tvm_rammer.abstractions.rtask import BarrierRTask
+    from tvm_rammer.codegen.persistent import prefetch_points
+
+    bar = BarrierRTask(waits=())
+    queue = [bar, RTask(0, 0), bar, RTask(0, 1), bar, RTask(1, 0), RTask(1, 1), bar, RTask(2, 0)]
+    y0, z0 = queue[5], queue[8]
+    assert prefetch_points(queue, {1, 2}, 1) == {4: y0, 7: z0}  # the barrier right before
+    assert prefetch_points(queue, {1, 2}, 2) == {2: y0, 7: z0}
+    assert prefetch_points(queue, {1, 2}, 3) == {0: y0, 7: z0}
+    assert prefetch_points(queue, {1, 2}, 9) == {0: y0, 7: z0}  # no further than the queue
+    assert prefetch_points(queue, {2}, 9) == {0: z0}  # X and Y prefetch nothing: all of it
+    assert prefetch_points(queue, set(), 4) == {}
+
+
+def test_the_table_puts_the_record_at_the_earlier_barrier():
+    """Op 0 (weights) on vEU 0, op 1 (no weights) and op 2 (weights) behind barriers on vEU 1:
+    with lookahead 2 the record for op 2's rTask sits at op 1's barrier, its own has none;
+    lookahead 1 (control) the other way round."""
+    prog = RProgram(2)
+    prog.append(RTask(0, 0), 0)
+    prog.append(RTask(3, 0), 0)
+    prog.wait(RTask(1, 0), [RTask(0, 0)])
+    prog.append(RTask(1, 0), 1)
+    prog.wait(RTask(2, 0), [RTask(1, 0), RTask(3, 0)])  # a new wait on vEU 0: a barrier
+    prog.append(RTask(2, 0), 1)
+    dispatch = {0: (0, ()), 1: (0, ()), 2: (0, ()), 3: (0, ())}
+    fetch = {2: (1, ((0, 4096),))}
+    for lookahead, want in ((2, [True, False]), (1, [False, True])):
+        table = encode_program(prog, dispatch, 2, fetch, lookahead)
+        got = [c > 0 for veu, kind, c in _records(table, 2) if kind == BARRIER_KIND and veu == 1]
+        assert got == want, lookahead
+
+
+def _three(prefetch_us, rtasks=1):
+    """A -> X (no weights) -> B (weights) on an H100-shaped device, ``rtasks`` rTasks each."""
+    a = RKernel("a", rtasks, 1024, 64, 0, 10.0, "t")
+    x = RKernel("x", rtasks, 1024, 64, 0, 2.0, "t")
+    b = RKernel("b", rtasks, 1024, 64, 0, 6.0, "t", prefetch_us=prefetch_us)
+    ops = {0: ROperator(0, "a", [a]), 1: ROperator(1, "x", [x]),
+           2: ROperator(2, "b", [b], prefetch_inputs=(1,))}
+    return OpGraph(ops, {1: [0], 2: [1]}, [[0], [1], [2]], set())
+
+
+def test_policy_credits_the_earlier_waits_with_lookahead():
+    """One vEU: X waits barrier_us behind A, B waits barrier_us behind X. B's read (3 us) is
+    issued at X's barrier with lookahead 2: X's wait is credited, the makespan drops by it
+    (0.8 us) against lookahead 1; no read (control): no difference."""
+    vdev = VDevice.for_arch("sm_90")
+    one = PolicyConfig(max_veus=1)
+    two = PolicyConfig(max_veus=1, prefetch_lookahead=2)
+    base = schedule(_three(3.0), vdev, one)[0].predicted_us
+    got = schedule(_three(3.0), vdev, two)[0].predicted_us
+    assert base - got == pytest.approx(one.cost.barrier_us)
+    assert (schedule(_three(0.0), vdev, one)[0].predicted_us
+            == schedule(_three(0.0), vdev, two)[0].predicted_us)
+    # credit is capped by the read: a 0.5 us read gains nothing more than its own barrier gave
+    assert (schedule(_three(0.5), vdev, one)[0].predicted_us
+            == pytest.approx(schedule(_three(0.5), vdev, two)[0].predicted_us))
+    with pytest.raises(ValueError, match="prefetch_lookahead"):
+        PolicyConfig(prefetch_lookahead=0)
+
+
+def test_predicted_timeline_credits_what_the_policy_credits():
+    """The schedule of the three-operator chain over two vEUs (each barrier waits on the other
+    vEU too: none is dropped), predicted by timeline.predict with the same lookahead, ends where
+    the policy's plan does; the lookahead's gain shows in both."""
+    from tvm_rammer import RammerConfig
+
+    vdev = VDevice.for_arch("sm_90")
+    ends = []
+    for lookahead in (1, 2):
+        graph = _three(3.0, rtasks=2)
+        plan = schedule(graph, vdev, PolicyConfig(max_veus=2, prefetch_lookahead=lookahead))[0]
+        sched = timeline.schedule_of(0, "k", plan, graph, 2, vdev.num_sms,
+                                     RammerConfig(prefetch_lookahead=lookahead))
+        assert sched["ops"]["2"]["prefetches"] and not sched["ops"]["1"]["prefetches"]
+        assert sum(item[0] == "barrier" for q in sched["prog"] for item in q) == 4
+        got = timeline.predict(sched)
+        assert got.end_us == pytest.approx(max(plan.op_finish.values()))
+        ends.append(got.end_us)
+    assert ends[0] - ends[1] == pytest.approx(0.8)
+
+
 @pytest.mark.nvcc
 def test_prefetch_helper_compiles_to_an_l2_prefetch(tmp_path):
     if shutil.which("nvcc") is None:
@@ -222,8 +310,23 @@ def gpt2_builds():
         num_sms=132, profile=False, prefetch_weights=on)) for on in (True, False)}
 
 
+def _target(prog, ops, veu, order, lookahead):
+    """The rTask a prefetch record at barrier ``order`` of ``veu`` serves, by the rule of
+    RammerConfig.prefetch_lookahead written out: the vEU's next rTask of a prefetching operator,
+    right after a barrier, at most ``lookahead`` barriers on (this one counted)."""
+    barriers = 0
+    for item in prog[veu][order:]:
+        if item[0] == "barrier":
+            barriers += 1
+            continue
+        if ops[str(item[1])]["prefetches"]:
+            return item if barriers <= lookahead else None
+    return None
+
+
 def test_emitted_prefetch_names_only_weights_before_their_reader(gpt2_builds):
-    """Every barrier with a prefetch record is followed by an rTask of an operator that reads a
+    """Every barrier with a prefetch record serves an rTask (itself right after a barrier, at
+    most prefetch_lookahead barriers on, no prefetching rTask between) of an operator that reads a
     constant whole (a MatMul's weight, a LayerNorm's gamma), its ranges inside that operator's
     constants in the weights blob; operators reading no constant (attention, cache writes, the
     residual add) never prefetch, nor do the Gathers (their tables are read by index)."""
@@ -234,25 +337,30 @@ def test_emitted_prefetch_names_only_weights_before_their_reader(gpt2_builds):
     assert "rammer_prefetch_l2" not in builds[False].cuda_source  # control: flag off
     scheds = {s["kernel"]: s for s in timeline.schedules_of(builds[True].relax_mod)}
     fetched = controls = 0
+    early = 0
     for man in manifests(builds[True].relax_mod):
         table, num_veus = np.asarray(man["table"]), man["num_veus"]
-        ops = scheds[man["kernel"]]["ops"]
-        prog = scheds[man["kernel"]]["prog"]
+        sched = scheds[man["kernel"]]
+        ops, prog, lookahead = sched["ops"], sched["prog"], sched["prefetch_lookahead"]
+        assert lookahead == 4  # RammerConfig's default
         constants = {k: v for k, v in man["tensors"].items()
                      if man["slots"][v["slot"]]["role"] == "constants"}
         for veu in range(num_veus):
+            served = set()
             for order, item in enumerate(prog[veu]):
                 at = num_veus + 1 + INST_WORDS * (table[veu] + order)
                 if item[0] != "barrier":
                     continue
-                after = prog[veu][order + 1]
                 c = int(table[at + 3])
-                info = ops[str(after[1])]
-                # charged only where emitted (a weight the model reads from L2 already is
-                # prefetched too, and charged nothing)
-                assert c > 0 or info["prefetch_us"] == 0, (info["name"], c)
                 if not c:
                     continue
+                after = _target(prog, ops, veu, order, lookahead)
+                assert after is not None, (veu, order)
+                info = ops[str(after[1])]
+                at_rtask = prog[veu].index(after)
+                assert prog[veu][at_rtask - 1][0] == "barrier"
+                served.add(at_rtask)
+                early += at_rtask != order + 1
                 fetched += 1
                 mine = [constants[t] for t in man["ops"][str(after[1])]["params"]
                         if t in constants]
@@ -263,12 +371,19 @@ def test_emitted_prefetch_names_only_weights_before_their_reader(gpt2_builds):
                     assert any(t["offset"] // LINE * LINE <= lo
                                and hi <= -(-(t["offset"] + t["nbytes"]) // LINE) * LINE
                                for t in mine), (info["name"], lo, hi)
+            # charged only where emitted (a weight the model reads from L2 already is
+            # prefetched too, and charged nothing): every charged rTask after a barrier is served
+            for order, item in enumerate(prog[veu]):
+                if item[0] == "task" and order and prog[veu][order - 1][0] == "barrier" \
+                        and ops[str(item[1])]["prefetch_us"] > 0:
+                    assert order in served, (ops[str(item[1])]["name"], veu, order)
         for op, info in ops.items():  # negative controls: no constant read, no prefetch
             reads = man["ops"][op]["params"][:man["ops"][op]["reads"]]
             if not any(t in constants for t in reads) or info["name"].startswith("take"):
                 assert info["prefetch_us"] == 0, info["name"]
                 controls += 1
     assert fetched > 0 and controls > 0
+    assert early > 0  # the attention chain's barriers issue the projection's prefetch
 
 
 def test_predicted_decode_step_drops_by_the_overlap(gpt2_builds):
@@ -279,20 +394,44 @@ def test_predicted_decode_step_drops_by_the_overlap(gpt2_builds):
     on = timeline.schedules_of(builds[True].relax_mod)
     off = timeline.schedules_of(builds[False].relax_mod)
     assert sum(s["predicted_us"] for s in on) < sum(s["predicted_us"] for s in off)
-    checked = 0
+    checked = credited = 0
     for sched in on:
         slices = {(s.veu, s.order): s for s in timeline.predict(sched).slices}
-        for (veu, order), sl in slices.items():
-            info = sched["ops"].get(str(sl.op)) if sl.kind == "rtask" else None
-            if not info or not info["prefetch_us"] or order == 0 \
-                    or slices[(veu, order - 1)].kind != "barrier":
+        waits = {}  # vEU -> its barrier waits since its last prefetching rTask
+        for (veu, order), sl in sorted(slices.items()):
+            if sl.kind == "barrier":
+                waits.setdefault(veu, []).append(sl.end_us - sl.start_us)
                 continue
-            bar = slices[(veu, order - 1)]
-            wait = bar.end_us - bar.start_us
-            want = max(wait, info["prefetch_us"]) + info["rtask_us"] - info["prefetch_us"]
-            assert sl.end_us - bar.start_us == pytest.approx(want)
-            checked += 1
+            info = sched["ops"][str(sl.op)]
+            if info["prefetch_us"] and order and slices[(veu, order - 1)].kind == "barrier":
+                bar = slices[(veu, order - 1)]
+                wait = bar.end_us - bar.start_us
+                credit = sum(waits[veu][-sched["prefetch_lookahead"]:-1])
+                left = max(0.0, info["prefetch_us"] - credit)
+                want = max(wait, left) + info["rtask_us"] - info["prefetch_us"]
+                assert sl.end_us - bar.start_us == pytest.approx(want)
+                checked += 1
+            if info["prefetches"]:
+                waits[veu] = []
     assert checked > 0
+
+
+def test_lookahead_lowers_the_predicted_decode_step(gpt2_builds):
+    """The reduced model's weights are too small for a read to outlast one barrier: predicted
+    with lookahead 1 instead of 4 the same schedules take the same time. With each prefetching
+    rTask's read made 90% of its time (as a full-size model's GEMVs are), lookahead 4 is faster:
+    the attention chain's waits overlap the projection's read."""
+    _, builds = gpt2_builds
+    total = {(big, n): 0.0 for big in (False, True) for n in (1, 4)}
+    for sched in timeline.schedules_of(builds[True].relax_mod):
+        heavy = {op: {**info, "prefetch_us": 0.9 * info["rtask_us"] if info["prefetch_us"] else 0.0}
+                 for op, info in sched["ops"].items()}
+        for big, lookahead in total:
+            one = timeline.predict({**sched, "prefetch_lookahead": lookahead,
+                                    "ops": heavy if big else sched["ops"]})
+            total[big, lookahead] += one.end_us
+    assert total[False, 4] == pytest.approx(total[False, 1])
+    assert total[True, 4] < total[True, 1] - 0.1
 
 
 def test_the_cli_turns_the_prefetch_off_and_leaves_it_on_by_default():

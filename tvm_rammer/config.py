@@ -155,6 +155,14 @@ class RammerConfig:
         megakernel does across its barriers, issue 34). The bandwidth and barrier figures are
         unchanged; the gain is unmeasured until a GPU run. The emulator ignores the prefetches;
         the ROCm back end emits none (and charges none). False: no prefetch, no overlap.
+    prefetch_lookahead: with ``prefetch_weights``, how many barrier-rTasks back on its vEU an
+        rTask's prefetch may be issued: at the earliest of its last n barrier-rTasks since that
+        vEU last ran a prefetching operator (``codegen.persistent.prefetch_points``). A decode
+        layer's attention chain (cache write, attention, combine: no weights) then overlaps its
+        waits with the read of the output projection's weights; the cost model credits those
+        waits only, never the rTasks in between (``PolicyConfig.prefetch_lookahead``). 1: at the
+        barrier right before the rTask (as before 2026-11-28). Unmeasured on a GPU: whether the
+        lines stay in L2 across the chain (the attention's own reads pass through it too).
     inplace_cache: a KV-cache scatter into a function parameter that nothing else reads becomes
         ``R.call_tir_inplace`` of a kernel over the update only (``relay_passes.cache_write``,
         ``CacheSlotWrite(inplace=True)``), placed as rTasks in the rProgram, whose call then
@@ -207,6 +215,7 @@ class RammerConfig:
     rkernel_functions: bool = True
     weights: str = "embedded"
     prefetch_weights: bool = True
+    prefetch_lookahead: int = 4
     inplace_cache: bool = True
 
     def __post_init__(self):
@@ -245,6 +254,10 @@ class RammerConfig:
             raise ValueError(f"policy={self.policy!r}: choose one of {POLICIES}")
         if self.rprogram_profiles < 0:
             raise ValueError(f"rprogram_profiles={self.rprogram_profiles} must be >= 0")
+        if isinstance(self.prefetch_lookahead, bool) or not isinstance(
+                self.prefetch_lookahead, int) or self.prefetch_lookahead < 1:
+            raise ValueError(f"prefetch_lookahead={self.prefetch_lookahead!r}: use an int >= 1 "
+                             "(1: prefetch at the barrier right before the rTask)")
         if self.profile_budget_s is not None and not self.profile_budget_s >= 0:
             raise ValueError(f"profile_budget_s={self.profile_budget_s} must be >= 0 seconds (or "
                              "None: no limit)")

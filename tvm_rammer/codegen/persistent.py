@@ -61,7 +61,10 @@ barrier-rTask whose next rTask reads constants (the weights blob, ``codegen.tens
 its threads issue ``prefetch.global.L2`` for that rTask's share of them (rTask r of n: bytes
 ``[size * r / n, size * (r + 1) / n)`` of each constant, so an operator's rTasks together name it
 whole), then polls (``cuda_helpers.PREFETCH_SOURCE``); the cost model overlaps that read with the
-wait (``scheduling.cost_model``). Tensors produced in the rProgram are never named.
+wait (``scheduling.cost_model``). With ``RammerConfig.prefetch_lookahead`` n > 1 the prefetch
+moves up to n - 1 barrier-rTasks earlier on the same vEU, past operators that prefetch nothing
+(an attention and its combine), so their waits overlap it too (:func:`prefetch_points`). Tensors
+produced in the rProgram are never named.
 
 The state (a per-run call_tir output) is int32[V + STATE_WORDS + K]: the step of each vEU, the
 error word and the fault record (``cuda_helpers.STATE_WORDS`` words), then the K
@@ -186,8 +189,26 @@ def prefetch_lines(ranges, rtask_id: int, num_rtasks: int, fraction: float = 1.0
     return tuple(pairs)
 
 
+def prefetch_points(queue, prefetching, lookahead: int = 1) -> dict:
+    """Where each prefetch of one vEU's ``queue`` is issued: order of a barrier-rTask -> the rTask
+    whose weights it prefetches. An rTask of an operator in ``prefetching`` right after a
+    barrier-rTask is prefetched at the earliest of the last ``lookahead`` barrier-rTasks before it
+    since the queue's previous rTask of such an operator (``PolicyConfig.prefetch_lookahead``:
+    the waits of a chain of operators without weights, an attention's, all overlap the read of
+    the next weights; the cost model credits those waits only)."""
+    points, barriers = {}, []
+    for order, task in enumerate(queue):
+        if isinstance(task, BarrierRTask):
+            barriers.append(order)
+        elif isinstance(task, RTask) and task.op in prefetching:
+            if barriers and barriers[-1] == order - 1:
+                points[barriers[max(0, len(barriers) - lookahead)]] = task
+            barriers = []
+    return points
+
+
 def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = None,
-                   prefetch: dict | None = None) -> np.ndarray:
+                   prefetch: dict | None = None, lookahead: int = 1) -> np.ndarray:
     """The rProgram as the kernel's int32 table.
 
     ``dispatch`` maps operator uid -> (dispatch index, arena offsets of that operator). ``num_veus``
@@ -195,7 +216,8 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     ``prefetch`` maps operator uid -> (its rTask count, ``((byte offset, bytes), ...)`` of the
     constants it reads in the weights blob[, the fraction of each share prefetched]): a
     barrier-rTask followed by an rTask of such an operator gets a prefetch record
-    (:func:`prefetch_lines`); None or {}: no barrier prefetches.
+    (:func:`prefetch_lines`), or an earlier barrier-rTask of its vEU (:func:`prefetch_points`,
+    ``lookahead``); None or {}: no barrier prefetches.
     """
     prefetch = prefetch or {}
     num_veus = len(program.prog) if num_veus is None else num_veus
@@ -211,6 +233,7 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
     fetches, fetch_at = [], {}  # prefetch records (flat) and record -> its index in them
     starts = [0]
     for veu, queue in enumerate(program.prog[:num_veus]):
+        points = prefetch_points(queue, prefetch, lookahead) if prefetch else {}
         for order, task in enumerate(queue):
             if isinstance(task, BarrierRTask):
                 key = (task.waits, task.ops)
@@ -218,9 +241,9 @@ def encode_program(program: RProgram, dispatch: dict, num_veus: int | None = Non
                     wait_at[key] = len(waits)
                     waits.extend((other, other_order + 1) for other, other_order in task.waits)
                     waits.extend((-(counter[op] + 1), count) for op, count in task.ops)
-                after = queue[order + 1] if order + 1 < len(queue) else None
+                after = points.get(order)
                 lines = ()
-                if isinstance(after, RTask) and after.op in prefetch:
+                if after is not None:
                     num_rtasks, ranges, *fraction = prefetch[after.op]
                     lines = prefetch_lines(ranges, after.rtask_id, num_rtasks, *fraction)
                 fetch = -1

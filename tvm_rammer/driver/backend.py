@@ -502,8 +502,8 @@ def build_plan(k: int, plan, graph, op_graph, config, vdevice, probe, target) ->
                            for op in node_ids}, {op: op_graph.preds.get(op, []) for op in node_ids})
     # vEUs that got no rTask would only slow the grid sync down: drop the trailing empty ones
     num_veus = max(v + 1 for v, queue in enumerate(plan.program.prog) if queue)
-    table = encode_program(plan.program, tensors.dispatch, num_veus,
-                           fetches)  # timed: never injected
+    table = encode_program(plan.program, tensors.dispatch, num_veus, fetches,
+                           config.prefetch_lookahead)  # timed: never injected
     func = build_persistent_func(spec, num_veus, len(table), has_barriers(table, num_veus),
                                  instantiate, veus_per_sm=plan.veus_per_sm,
                                  counters=num_counters(plan.program))

@@ -130,6 +130,12 @@ class PolicyConfig:
         profile_margin: a choice between two plans asks ``profile`` for their times only when
             their analytical times are within this factor of each other (a clear choice is made
             analytically: measuring it could not change it). None: always ask.
+        prefetch_lookahead: how many barrier-rTasks back an rTask's weight prefetch may be issued
+            (``codegen.persistent.encode_program``'s rule, the same number): 1, at the barrier right
+            before it; n, at the earliest of the last n barriers on its vEU since that vEU last
+            ran an operator that prefetches. The rTask is then also credited the waits at those
+            earlier barriers (:func:`select_veus`'s ``credit_us``): only the waits, never the
+            rTasks run in between, which may be using DRAM themselves.
     """
 
     cost: CostModelConfig = CostModelConfig()
@@ -142,6 +148,7 @@ class PolicyConfig:
     ios_groups: int = 8
     ios_budget: int = 20000
     profile_margin: float | None = None
+    prefetch_lookahead: int = 1
 
     def __post_init__(self) -> None:
         if self.selection not in _SELECTIONS:
@@ -152,7 +159,7 @@ class PolicyConfig:
             raise ValueError(f"PolicyConfig.max_veus={self.max_veus!r}; use None or an int >= 1")
         if self.max_waits_per_op is not None and (not isinstance(self.max_waits_per_op, int) or self.max_waits_per_op < 1):
             raise ValueError(f"PolicyConfig.max_waits_per_op={self.max_waits_per_op!r}; use None or an int >= 1")
-        for name in ("ios_group_ops", "ios_groups", "ios_budget"):
+        for name in ("ios_group_ops", "ios_groups", "ios_budget", "prefetch_lookahead"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyConfig.{name}={value!r}; use an int >= 1")
@@ -181,6 +188,9 @@ class PartialPlan:
     veu_of: Mapping[int, tuple[int, ...]]
     has_waits: bool
     shape: tuple[int, int, int] = (0, 0, 0)  # (threads, registers, shared bytes) the vEU is sized for
+    # per vEU: its waits (us) at the barrier-rTasks since it last ran a prefetching operator, the
+    # last ``prefetch_lookahead - 1`` of them (empty: none yet / no lookahead)
+    waits: tuple[tuple[float, ...], ...] = ()
 
     @property
     def ops(self) -> list[int]:
@@ -270,16 +280,19 @@ def _efficient_index(op: ROperator, vdevice: VDevice, config: PolicyConfig) -> i
 
 
 def select_veus(free: list[float], ready: float, count: int, time_us: float,
-                overlap_us: float = 0.0) -> list[int]:
+                overlap_us: float = 0.0, credit_us: Sequence[float] | None = None) -> list[int]:
     """SelectvEU for ``count`` rTasks of one operator (paper 3.3): each goes to the vEU where it can start
     first, ``max(free[v], ready)``, ties broken by the lowest vEU index. Updates ``free`` in place.
 
     ``overlap_us`` (``RKernel.prefetch_us`` of an operator that waits at a barrier-rTask): the
     first rTask on each vEU, the one after the barrier, has its weights prefetched from the
     moment the vEU reaches the barrier (``free[v]``), so it ends at
-    ``max(start, free[v] + overlap_us) + time_us - overlap_us`` (``cost_model``'s docstring)."""
+    ``max(start, free[v] + overlap_us) + time_us - overlap_us`` (``cost_model``'s docstring).
+    ``credit_us[v]``: the part of that read done already during vEU ``v``'s waits at earlier
+    barrier-rTasks, where the prefetch was issued (``PolicyConfig.prefetch_lookahead``): it ends
+    at ``max(start, free[v] + max(0, overlap_us - credit_us[v])) + time_us - overlap_us``."""
     if overlap_us > 0:
-        return _select_overlapping(free, ready, count, time_us, overlap_us)
+        return _select_overlapping(free, ready, count, time_us, overlap_us, credit_us)
     num = len(free)
     chosen: list[int] = []
     if all(f <= ready for f in free):
@@ -309,10 +322,11 @@ def select_veus(free: list[float], ready: float, count: int, time_us: float,
 
 
 def _select_overlapping(free: list[float], ready: float, count: int, time_us: float,
-                        overlap_us: float) -> list[int]:
+                        overlap_us: float, credit_us: Sequence[float] | None = None) -> list[int]:
     """:func:`select_veus` with a weight prefetch overlapping each vEU's barrier wait: the same
     choice (the earliest start, ties by the lowest vEU), other end times."""
     arrived = list(free)
+    left = [max(0.0, overlap_us - (credit_us[v] if credit_us else 0.0)) for v in range(len(free))]
     first = [True] * len(free)
     heap = [(max(f, ready), v) for v, f in enumerate(free)]
     heapq.heapify(heap)
@@ -320,7 +334,7 @@ def _select_overlapping(free: list[float], ready: float, count: int, time_us: fl
     for _ in range(count):
         start, veu = heapq.heappop(heap)
         if first[veu]:
-            end = max(start, arrived[veu] + overlap_us) + time_us - overlap_us
+            end = max(start, arrived[veu] + left[veu]) + time_us - overlap_us
             first[veu] = False
         else:
             end = start + time_us
@@ -348,17 +362,23 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
     if base is not None and base.num_veus == num_veus:
         todo = [tuple(wave)]
         free, op_finish, veu_of, has_waits = list(base.free), dict(base.op_finish), dict(base.veu_of), base.has_waits
+        waits = list(base.waits) or [()] * num_veus
     else:
         todo = list(waves)
         free, op_finish, veu_of, has_waits = [0.0] * num_veus, {}, {}, False
+        waits = [()] * num_veus
     for part in todo:
         for op in part:
             kernel = graph.ops[op].kernels[selected[op]]
             inside = [p for p in graph.preds_of(op) if p in op_finish]
             ready = max(op_finish[p] for p in inside) + config.cost.barrier_us if inside else 0.0
             has_waits = has_waits or bool(inside)
-            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us,
-                               kernel.prefetch_us if inside else 0.0)
+            arrived = list(free)
+            overlap = kernel.prefetch_us if inside else 0.0
+            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us, overlap,
+                               [sum(w) for w in waits] if overlap > 0 else None)
+            _track_waits(waits, set(veus), graph.ops[op], arrived, ready, bool(inside),
+                         config.prefetch_lookahead)
             if inside and config.max_waits_per_op is not None:
                 entries = sum(_wait_entries(veu_of[p]) for p in inside)
                 if len(set(veus)) * entries > config.max_waits_per_op:
@@ -376,7 +396,23 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
         veu_of=veu_of,
         has_waits=has_waits,
         shape=shape,
+        waits=tuple(waits),
     )
+
+
+def _track_waits(waits: list, veus: set, op: ROperator, arrived: list, ready: float,
+                 behind_barrier: bool, lookahead: int) -> None:
+    """Updates ``waits`` (``PartialPlan.waits``) once ``op``'s rTasks went to ``veus``: a
+    prefetching operator (one with ``prefetch_inputs``, whose code issues prefetches) ends the
+    window of each of its vEUs; any other operator behind a barrier-rTask adds each vEU's wait
+    there, ``max(arrived[v], ready) - arrived[v]``, keeping the last ``lookahead - 1``."""
+    if op.prefetch_inputs:
+        for veu in veus:
+            waits[veu] = ()
+    elif behind_barrier and lookahead > 1:
+        for veu in veus:
+            wait = max(arrived[veu], ready) - arrived[veu]
+            waits[veu] = (waits[veu] + (wait,))[-(lookahead - 1):]
 
 
 OP_WAIT_MIN_VEUS = 4

@@ -53,7 +53,14 @@ def policy_config(config: RammerConfig, vdevice: VDevice) -> PolicyConfig:
     """The policy options of a RammerConfig."""
     return PolicyConfig(cost=cost_config(config, vdevice), selection=config.selection,
                         merge=config.merge, max_waits_per_op=config.max_waits_per_op,
-                        profile_margin=config.profile_margin)
+                        profile_margin=config.profile_margin,
+                        prefetch_lookahead=_lookahead(config))
+
+
+def _lookahead(config: RammerConfig) -> int:
+    """``PolicyConfig.prefetch_lookahead`` of a RammerConfig: its own where barriers prefetch at all
+    (1 otherwise: nothing is issued early, nothing credited)."""
+    return config.prefetch_lookahead if config.prefetch_weights else 1
 
 
 def _tensor_bytes(param) -> int:
@@ -414,12 +421,16 @@ def replace_plan(plan, graph: OpGraph, registers: int, vdevice: VDevice, config:
     members = set(plan.ops)
     sub_ops = {op: ROperator(uid=op, name=graph.ops[op].name,
                              kernels=[graph.ops[op].kernels[plan.selected[op]]],
-                             flops=graph.ops[op].flops, bytes=graph.ops[op].bytes) for op in plan.ops}
+                             flops=graph.ops[op].flops, bytes=graph.ops[op].bytes,
+                             prefetch_inputs=graph.ops[op].prefetch_inputs,
+                             prefetch_fraction=graph.ops[op].prefetch_fraction)
+               for op in plan.ops}
     preds = {op: [p for p in graph.preds.get(op, []) if p in members] for op in plan.ops}
     units = [list(w) for w in plan.waves] or [list(plan.ops)]  # the policy's order, kept
     sub = OpGraph(ops=sub_ops, preds=preds, waves=bfs_waves(plan.ops, preds), split_before=set())
     cfg = PolicyConfig(cost=cost_config(config, vdevice), selection="fastest", merge="always",
-                       registers=registers, max_waits_per_op=None)
+                       registers=registers, max_waits_per_op=None,
+                       prefetch_lookahead=_lookahead(config))
     (new_plan,) = schedule_units(units, sub, vdevice, cfg)
     new_plan.selected = dict(plan.selected)
     new_plan.reason = dict(plan.reason)

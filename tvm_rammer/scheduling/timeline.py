@@ -13,7 +13,9 @@ To a profiler a persistent kernel is one long kernel. This module opens it:
   (``policy.select_veus``) assumes; an rTask right after a barrier-rTask whose operator has
   ``prefetch_us`` (its weights prefetched while the vEU waited) ends at
   ``max(its start, the barrier's start + prefetch_us) + rtask_us - prefetch_us``, as the policy
-  charges it; rPrograms follow one another ``launch_us`` apart;
+  charges it, less the vEU's waits at the earlier barrier-rTasks its prefetch was issued at
+  (``prefetch_lookahead``, ``policy.PolicyConfig``); rPrograms follow one another ``launch_us``
+  apart;
 - :func:`decode` reads the buffer an instrumented kernel (``RammerConfig(timeline=True)``,
   ``codegen.persistent``) writes: per instruction, in table order, ``(start ns, end ns, SM id)`` of
   ``%globaltimer``/``%smid`` recorded by the vEU's first thread;
@@ -120,10 +122,12 @@ def schedule_of(index: int, kernel: str, plan, op_graph, num_veus: int, num_sms:
                         "kernel": str(rkernel.name), "rtasks": int(rkernel.num_rtasks),
                         "rtask_us": float(rkernel.time_us),
                         "prefetch_us": float(rkernel.prefetch_us),
+                        "prefetches": bool(op_graph.ops[op].prefetch_inputs),
                         "preds": [int(p) for p in op_graph.preds_of(op)]}
     return {"format": FORMAT, "index": int(index), "kernel": kernel, "num_veus": int(num_veus),
             "veus_per_sm": int(plan.veus_per_sm), "num_sms": int(num_sms),
             "barrier_us": float(config.barrier_us), "launch_us": float(config.launch_us),
+            "prefetch_lookahead": int(getattr(config, "prefetch_lookahead", 1)),
             "predicted_us": float(plan.predicted_us), "ops": ops,
             "prog": plan.program.to_dict()["prog"][:num_veus]}
 
@@ -176,6 +180,8 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
     pos = [0] * len(prog)
     blocked: dict = {}
     barrier_start: dict = {}  # vEU -> when it reached its latest barrier-rTask
+    lookahead = int(schedule.get("prefetch_lookahead", 1))
+    waits = [[] for _ in prog]  # per vEU: its barrier waits since it last ran a prefetching op
     ready = deque(range(len(prog)))
 
     def op_finished(op):
@@ -200,14 +206,20 @@ def predict(schedule: dict, offset_us: float = 0.0) -> Timeline:
                            + [op_end[int(op)][1] for op, _ in op_waits])
                 end = max(start, last + barrier_us)
                 barrier_start[veu] = start
+                waits[veu].append(end - start)
                 slices.append(_barrier_slice(schedule, veu, sm, order, item, start, end))
             else:
                 info = schedule["ops"][str(item[1])]
                 end = start + info["rtask_us"]
                 overlap = info.get("prefetch_us", 0.0)
                 if overlap > 0 and order > 0 and prog[veu][order - 1][0] == "barrier":
-                    arrived = barrier_start[veu]  # its prefetch began when the vEU got there
-                    end = max(start, arrived + overlap) + info["rtask_us"] - overlap
+                    arrived = barrier_start[veu]  # its prefetch began when the vEU got there,
+                    # or at an earlier barrier, whose waits count (not what ran in between)
+                    credit = sum(waits[veu][-lookahead:-1]) if lookahead > 1 else 0.0
+                    end = (max(start, arrived + max(0.0, overlap - credit)) + info["rtask_us"]
+                           - overlap)
+                if info.get("prefetches", overlap > 0):
+                    waits[veu] = []
                 slices.append(_task_slice(schedule, veu, sm, order, item, start, end))
                 done, latest = op_end.get(int(item[1]), (0, 0.0))
                 op_end[int(item[1])] = (done + 1, max(latest, end))
