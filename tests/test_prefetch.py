@@ -442,6 +442,15 @@ def test_the_cli_turns_the_prefetch_off_and_leaves_it_on_by_default():
         assert cli._config(parser.parse_args(command)).prefetch_weights is True
         off = parser.parse_args(command + ["--no-prefetch-weights"])
         assert cli._config(off).prefetch_weights is False
+        assert cli._config(parser.parse_args(command)).prefetch_lookahead == 4
+        one = parser.parse_args(command + ["--prefetch-lookahead", "1"])
+        assert cli._config(one).prefetch_lookahead == 1
+    for bad in ("0", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["inspect", "m.onnx", "--prefetch-lookahead", bad])
+    from tvm_rammer import RammerConfig
+    with pytest.raises(ValueError, match="prefetch_lookahead"):
+        RammerConfig(prefetch_lookahead=0)
 
 
 def test_the_table_gets_each_operators_prefetch_fraction():

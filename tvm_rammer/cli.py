@@ -34,8 +34,21 @@ def _config(args) -> RammerConfig:
                         check_unmeasured=not args.no_unmeasured_check,
                         rkernel_functions=not args.no_rkernel_functions,
                         prefetch_weights=not args.no_prefetch_weights,
+                        prefetch_lookahead=args.prefetch_lookahead,
                         policy=getattr(args, "policy", "rammer"),
                         emulate_versions=getattr(args, "emulate_versions", False))
+
+
+def _lookahead(text: str) -> int:
+    """``--prefetch-lookahead``: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of barrier-rTasks >= 1 "
+                                         "(1: prefetch at the barrier right before the rTask)")
+    return value
 
 
 def _budget_seconds(text: str) -> float | None:
@@ -137,6 +150,11 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--no-prefetch-weights", action="store_true",
                    help="no prefetch of the next rTask's weights into L2 while a vEU waits at a "
                         "barrier-rTask (RammerConfig.prefetch_weights)")
+    p.add_argument("--prefetch-lookahead", type=_lookahead, metavar="N",
+                   default=RammerConfig.prefetch_lookahead,
+                   help="issue an rTask's weight prefetch up to N barrier-rTasks early on its vEU, "
+                        "past operators without weights (an attention chain); 1: at the barrier "
+                        "right before it (RammerConfig.prefetch_lookahead; default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="log operators left out and why")
     p.add_argument("--timings", action="store_true",
                    help="print the seconds each compilation phase took (to stderr)")
