@@ -171,7 +171,7 @@ def lift_weight_transforms(mod: tvm.IRModule) -> tvm.IRModule:
     blocks = []
     for block, kept in kept_blocks:
         new = [relax.VarBinding(b.var, sub.visit_expr(b.value)) if isinstance(b, relax.VarBinding)
-               else relax.MatchCast(b.var, sub.visit_expr(b.value), b.pattern) for b in kept]
+               else relax.MatchCast(b.var, sub.visit_expr(b.value), b.ty) for b in kept]
         if new:
             blocks.append(relax.DataflowBlock(new) if isinstance(block, relax.DataflowBlock)
                           else relax.BindingBlock(new))

@@ -56,7 +56,8 @@ def check_weights(spec: LibrarySpec, arrays: dict, source: str) -> list:
             raise ValueError(f"{source}: weight {want.name!r} is {array.dtype}{list(array.shape)}, "
                              f"{spec.manifest.name} says {want.describe()}: the weights do not "
                              "belong to this library; rebuild the weights with the library")
-        out.append(np.ascontiguousarray(array))
+        # np.ascontiguousarray makes a 0-d array 1-d (a scalar initializer: Range's bounds)
+        out.append(np.require(array, requirements="C"))
     return out
 
 
