@@ -241,20 +241,26 @@ def _three(prefetch_us, rtasks=1):
 
 
 def test_policy_credits_the_earlier_waits_with_lookahead():
-    """One vEU: X waits barrier_us behind A, B waits barrier_us behind X. B's read (3 us) is
-    issued at X's barrier with lookahead 2: X's wait is credited, the makespan drops by it
-    (0.8 us) against lookahead 1; no read (control): no difference."""
+    """Two vEUs, two rTasks per operator: X waits barrier_us behind A, B waits barrier_us behind
+    X, each at a barrier-rTask (it waits on the other vEU too). B's read (3 us) is issued at X's
+    barrier with lookahead 2: X's wait is credited, the makespan drops by it (0.8 us) against
+    lookahead 1; no read (control): no difference. On one vEU (control) every wait is on the vEU
+    itself: RProgram drops it, the code has no barrier-rTask to prefetch at, nothing is credited."""
     vdev = VDevice.for_arch("sm_90")
-    one = PolicyConfig(max_veus=1)
-    two = PolicyConfig(max_veus=1, prefetch_lookahead=2)
-    base = schedule(_three(3.0), vdev, one)[0].predicted_us
-    got = schedule(_three(3.0), vdev, two)[0].predicted_us
+    one = PolicyConfig(max_veus=2)
+    two = PolicyConfig(max_veus=2, prefetch_lookahead=2)
+    base = schedule(_three(3.0, 2), vdev, one)[0].predicted_us
+    got = schedule(_three(3.0, 2), vdev, two)[0].predicted_us
     assert base - got == pytest.approx(one.cost.barrier_us)
-    assert (schedule(_three(0.0), vdev, one)[0].predicted_us
-            == schedule(_three(0.0), vdev, two)[0].predicted_us)
+    assert (schedule(_three(0.0, 2), vdev, one)[0].predicted_us
+            == schedule(_three(0.0, 2), vdev, two)[0].predicted_us)
     # credit is capped by the read: a 0.5 us read gains nothing more than its own barrier gave
-    assert (schedule(_three(0.5), vdev, one)[0].predicted_us
-            == pytest.approx(schedule(_three(0.5), vdev, two)[0].predicted_us))
+    assert (schedule(_three(0.5, 2), vdev, one)[0].predicted_us
+            == pytest.approx(schedule(_three(0.5, 2), vdev, two)[0].predicted_us))
+    alone = [schedule(_three(3.0), vdev, PolicyConfig(max_veus=1, prefetch_lookahead=n))[0]
+             for n in (1, 2)]
+    assert alone[0].program.num_barriers == 0
+    assert alone[0].predicted_us == pytest.approx(alone[1].predicted_us)
     with pytest.raises(ValueError, match="prefetch_lookahead"):
         PolicyConfig(prefetch_lookahead=0)
 
@@ -470,3 +476,59 @@ def test_the_table_gets_each_operators_prefetch_fraction():
            2: ROperator(2, "c", [kernel], prefetch_inputs=(0,))}
     got = prefetch_ranges(graph, [0, 1, 2], ops, {0: 0, 1: 0, 2: 0}, tensors)
     assert got == {0: (512, ((4096, 64 << 20),), 0.25), 1: (512, ((0, 1 << 20),), 1.0)}
+
+
+def _dropped(prefetch_us=3.0):
+    """Two vEUs: A (10 us) on vEU 0, B (20 us) on vEU 1; X waits A and B (a barrier on vEU 0: it
+    waits B on vEU 1); Y waits X, R (weights) waits Y: both land on vEU 0 behind X, where
+    RProgram.wait drops their waits (same vEU): no barrier-rTask, so no prefetch for R there."""
+    k = lambda n, t, p=0.0: RKernel(n, 1, 1024, 64, 0, t, "t", prefetch_us=p)  # noqa: E731
+    ops = {0: ROperator(0, "a", [k("a", 10.0)]), 1: ROperator(1, "b", [k("b", 20.0)]),
+           2: ROperator(2, "x", [k("x", 2.0)]),
+           3: ROperator(3, "r", [k("r", 6.0, prefetch_us)], prefetch_inputs=(1,))}
+    return OpGraph(ops, {2: [0, 1], 3: [2]}, [[0, 1], [2], [3]], set())
+
+
+def test_no_credit_where_the_rprogram_drops_the_barrier():
+    """R's wait is dropped (its predecessor ran on its own vEU): the code issues no prefetch for
+    it, at X's barrier or anywhere, so the policy credits it nothing, whatever the lookahead: its
+    plan ends where the predicted timeline of its own program does (before the fix, lookahead 2
+    credited X's 10.8 us wait: 26.6 against the code's 28.8)."""
+    from tvm_rammer import RammerConfig
+
+    vdev = VDevice.for_arch("sm_90")
+    for lookahead in (1, 2, 4):
+        graph = _dropped()
+        plan = schedule(graph, vdev, PolicyConfig(max_veus=2, prefetch_lookahead=lookahead))[0]
+        prog = plan.program.to_dict()["prog"]
+        assert [item[0] for item in prog[0]] == ["task", "barrier", "task", "task"]  # R: no barrier
+        sched = timeline.schedule_of(0, "k", plan, graph, 2, vdev.num_sms,
+                                     RammerConfig(prefetch_lookahead=lookahead))
+        assert max(plan.op_finish.values()) == pytest.approx(timeline.predict(sched).end_us)
+
+
+def test_a_dropped_wait_takes_no_place_in_the_lookahead():
+    """vEU 0 runs A, [barrier] X, Y (its wait on X dropped), [barrier] R (weights): the code's
+    barriers before R are X's and R's own, so lookahead 2 issues R's prefetch at X's barrier and
+    3 can go no further. The policy credits X's wait at 2 already (before the fix it counted Y's
+    dropped wait as a barrier: at 2 it credited that one's 0.8 us instead); its control, the
+    predicted timeline, gains nothing from 3 either."""
+    from tvm_rammer import RammerConfig
+
+    k = lambda n, t, p=0.0: RKernel(n, 1, 1024, 64, 0, t, "t", prefetch_us=p)  # noqa: E731
+    ops = {0: ROperator(0, "a", [k("a", 10.0)]), 1: ROperator(1, "b", [k("b", 20.0)]),
+           2: ROperator(2, "x", [k("x", 2.0)]), 3: ROperator(3, "y", [k("y", 2.0)]),
+           4: ROperator(4, "c", [k("c", 1.0)]),
+           5: ROperator(5, "r", [k("r", 6.0, 3.0)], prefetch_inputs=(1,))}
+    graph = OpGraph(ops, {2: [0, 1], 3: [2], 4: [1], 5: [3, 4]}, [[0, 1], [2], [3, 4], [5]], set())
+    vdev = VDevice.for_arch("sm_90")
+    ends, predicted = {}, {}
+    for lookahead in (1, 2, 3):
+        plan = schedule(graph, vdev, PolicyConfig(max_veus=2, prefetch_lookahead=lookahead))[0]
+        assert [item[0] for item in plan.program.to_dict()["prog"][0]] == [
+            "task", "barrier", "task", "task", "barrier", "task"]
+        ends[lookahead] = max(plan.op_finish.values())
+        predicted[lookahead] = timeline.predict(timeline.schedule_of(
+            0, "k", plan, graph, 2, vdev.num_sms, RammerConfig(prefetch_lookahead=lookahead))).end_us
+    assert ends[2] == pytest.approx(ends[3]) and ends[2] < ends[1] - 2.0
+    assert predicted[2] == pytest.approx(predicted[3]) and predicted[2] < predicted[1] - 2.0

@@ -191,6 +191,10 @@ class PartialPlan:
     # per vEU: its waits (us) at the barrier-rTasks since it last ran a prefetching operator, the
     # last ``prefetch_lookahead - 1`` of them (empty: none yet / no lookahead)
     waits: tuple[tuple[float, ...], ...] = ()
+    # with a lookahead: which of an operator's waits :func:`materialize`'s RProgram keeps (a wait
+    # on the vEU itself, or one a vEU's earlier barrier covers, is dropped: no barrier-rTask, no
+    # prefetch, no credit), :class:`_Barriers`
+    barriers: "_Barriers | None" = None
 
     @property
     def ops(self) -> list[int]:
@@ -359,14 +363,17 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
     num_veus = vdevice.num_sms * per_sm
     num_veus = num_veus if config.max_veus is None else min(num_veus, config.max_veus)
     waves = (base.waves if base else ()) + (tuple(wave),)
-    if base is not None and base.num_veus == num_veus:
+    lookahead = config.prefetch_lookahead
+    if base is not None and base.num_veus == num_veus and (lookahead == 1 or base.barriers is not None):
         todo = [tuple(wave)]
         free, op_finish, veu_of, has_waits = list(base.free), dict(base.op_finish), dict(base.veu_of), base.has_waits
         waits = list(base.waits) or [()] * num_veus
-    else:
+        barriers = base.barriers.copy() if lookahead > 1 else None
+    else:  # a new vEU count (or a base placed without a lookahead): placed again from its waves
         todo = list(waves)
         free, op_finish, veu_of, has_waits = [0.0] * num_veus, {}, {}, False
         waits = [()] * num_veus
+        barriers = _Barriers(num_veus) if lookahead > 1 else None
     for part in todo:
         for op in part:
             kernel = graph.ops[op].kernels[selected[op]]
@@ -375,15 +382,18 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
             has_waits = has_waits or bool(inside)
             arrived = list(free)
             overlap = kernel.prefetch_us if inside else 0.0
-            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us, overlap,
-                               [sum(w) for w in waits] if overlap > 0 else None)
-            _track_waits(waits, set(veus), graph.ops[op], arrived, ready, bool(inside),
-                         config.prefetch_lookahead)
+            credit = None
+            if overlap > 0 and barriers is not None:  # only where the code has the barrier
+                credit = [sum(w) if w and barriers.emits(v, inside, veu_of) else 0.0
+                          for v, w in enumerate(waits)]
+            veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us, overlap, credit)
+            veu_of[op] = tuple(veus)
+            behind = barriers.place(op, inside, veu_of) if barriers is not None else set()
+            _track_waits(waits, set(veus), behind, graph.ops[op], arrived, ready, lookahead)
             if inside and config.max_waits_per_op is not None:
                 entries = sum(_wait_entries(veu_of[p]) for p in inside)
                 if len(set(veus)) * entries > config.max_waits_per_op:
                     return None
-            veu_of[op] = tuple(veus)
             op_finish[op] = max(free[v] for v in set(veus))
     return PartialPlan(
         waves=waves,
@@ -397,22 +407,83 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
         has_waits=has_waits,
         shape=shape,
         waits=tuple(waits),
+        barriers=barriers,
     )
 
 
-def _track_waits(waits: list, veus: set, op: ROperator, arrived: list, ready: float,
-                 behind_barrier: bool, lookahead: int) -> None:
+def _track_waits(waits: list, veus: set, behind: set, op: ROperator, arrived: list, ready: float,
+                 lookahead: int) -> None:
     """Updates ``waits`` (``PartialPlan.waits``) once ``op``'s rTasks went to ``veus``: a
     prefetching operator (one with ``prefetch_inputs``, whose code issues prefetches) ends the
-    window of each of its vEUs; any other operator behind a barrier-rTask adds each vEU's wait
-    there, ``max(arrived[v], ready) - arrived[v]``, keeping the last ``lookahead - 1``."""
+    window of each of its vEUs; any other operator adds, on each vEU of ``behind`` (those where
+    its RProgram has a barrier-rTask before it, :class:`_Barriers`), its wait there,
+    ``max(arrived[v], ready) - arrived[v]``, keeping the last ``lookahead - 1``."""
     if op.prefetch_inputs:
         for veu in veus:
             waits[veu] = ()
-    elif behind_barrier and lookahead > 1:
-        for veu in veus:
+    elif lookahead > 1:
+        for veu in behind:
             wait = max(arrived[veu], ready) - arrived[veu]
             waits[veu] = (waits[veu] + (wait,))[-(lookahead - 1):]
+
+
+class _Barriers:
+    """Which vEUs get a barrier-rTask before an operator's first rTask there, as
+    :func:`materialize`'s ``RProgram.append`` decides it, without building the program: a
+    predecessor on more than ``OP_WAIT_MIN_VEUS`` vEUs is waited for whole (dropped where the vEU
+    waited for it whole already), another one at its last rTask on each vEU (dropped on the vEU
+    itself, or where an earlier barrier of the vEU waited for that rTask or a later one there).
+    The credit of an earlier barrier's prefetch (``PolicyConfig.prefetch_lookahead``) goes only
+    where the code has those barriers. Positions are rTask counts per vEU (monotone in the
+    program's orders)."""
+
+    def __init__(self, num_veus: int) -> None:
+        self.placed = [0] * num_veus  # rTasks on each vEU so far
+        self.last_at: dict = {}  # op waited for by position -> {vEU: index of its last rTask}
+        self.seen: list = [{} for _ in range(num_veus)]  # vEU -> {vEU u: index it waited for}
+        self.whole: list = [frozenset() for _ in range(num_veus)]  # vEU -> ops waited for whole
+
+    def copy(self) -> "_Barriers":
+        """A copy to extend (per-vEU entries are replaced, never changed in place)."""
+        other = _Barriers.__new__(_Barriers)
+        other.placed, other.last_at = list(self.placed), dict(self.last_at)
+        other.seen, other.whole = list(self.seen), list(self.whole)
+        return other
+
+    def _waits(self, veu: int, preds, veu_of) -> tuple[dict, set]:
+        frontier, whole = {}, set()
+        for pred in preds:
+            if _waits_whole(veu_of[pred]):
+                if pred not in self.whole[veu]:
+                    whole.add(pred)
+                continue
+            for u, index in self.last_at[pred].items():
+                if u != veu and self.seen[veu].get(u, -1) < index and frontier.get(u, -1) < index:
+                    frontier[u] = index
+        return frontier, whole
+
+    def emits(self, veu: int, preds, veu_of) -> bool:
+        """Whether an operator waiting for ``preds`` (placed) gets a barrier-rTask on ``veu``."""
+        frontier, whole = self._waits(veu, preds, veu_of)
+        return bool(frontier or whole)
+
+    def place(self, op: int, preds, veu_of) -> set:
+        """Records ``op``'s rTasks (``veu_of[op]``), each vEU's first one waiting for ``preds``;
+        returns the vEUs that got a barrier-rTask."""
+        behind = set()
+        for veu in dict.fromkeys(veu_of[op]) if preds else ():
+            frontier, whole = self._waits(veu, preds, veu_of)
+            if frontier or whole:
+                behind.add(veu)
+                self.seen[veu] = {**self.seen[veu], **frontier}
+                self.whole[veu] = self.whole[veu] | whole
+        last = {}
+        for veu in veu_of[op]:
+            last[veu] = self.placed[veu]
+            self.placed[veu] += 1
+        if not _waits_whole(veu_of[op]):
+            self.last_at[op] = last
+        return behind
 
 
 OP_WAIT_MIN_VEUS = 4
