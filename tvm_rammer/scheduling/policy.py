@@ -384,8 +384,9 @@ def _place(base: PartialPlan | None, wave: Sequence[int], choice: Mapping[int, i
             overlap = kernel.prefetch_us if inside else 0.0
             credit = None
             if overlap > 0 and barriers is not None:  # only where the code has the barrier
-                credit = [sum(w) if w and barriers.emits(v, inside, veu_of) else 0.0
-                          for v, w in enumerate(waits)]
+                sums = [sum(w) for w in waits]
+                barred = barriers.emitting(inside, [v for v, w in enumerate(sums) if w > 0])
+                credit = [w if v in barred else 0.0 for v, w in enumerate(sums)]
             veus = select_veus(free, ready, kernel.num_rtasks, kernel.time_us, overlap, credit)
             veu_of[op] = tuple(veus)
             behind = barriers.place(op, inside, veu_of) if barriers is not None else set()
@@ -439,50 +440,67 @@ class _Barriers:
 
     def __init__(self, num_veus: int) -> None:
         self.placed = [0] * num_veus  # rTasks on each vEU so far
-        self.last_at: dict = {}  # op waited for by position -> {vEU: index of its last rTask}
-        self.seen: list = [{} for _ in range(num_veus)]  # vEU -> {vEU u: index it waited for}
-        self.whole: list = [frozenset() for _ in range(num_veus)]  # vEU -> ops waited for whole
+        # op -> {vEU: index of its last rTask there}; None: an op waited for whole
+        self.last_at: dict = {}
+        # vEU -> {vEU u: index it waited for}; op waited for whole -> the vEUs that did (entries
+        # are replaced, never changed in place: shared with the plans this one extends)
+        self.seen: list = [{}] * num_veus
+        self.waited_by: dict = {}
 
     def copy(self) -> "_Barriers":
-        """A copy to extend (per-vEU entries are replaced, never changed in place)."""
+        """A copy to extend."""
         other = _Barriers.__new__(_Barriers)
         other.placed, other.last_at = list(self.placed), dict(self.last_at)
-        other.seen, other.whole = list(self.seen), list(self.whole)
+        other.seen, other.waited_by = list(self.seen), dict(self.waited_by)
         return other
 
-    def _waits(self, veu: int, preds, veu_of) -> tuple[dict, set]:
-        frontier, whole = {}, set()
-        for pred in preds:
-            if _waits_whole(veu_of[pred]):
-                if pred not in self.whole[veu]:
-                    whole.add(pred)
+    def emitting(self, preds, veus) -> set:
+        """Those of ``veus`` where an operator waiting for ``preds`` (placed) would get a
+        barrier-rTask."""
+        whole = [self.waited_by.get(p, frozenset()) for p in preds if self.last_at[p] is None]
+        positions = [self.last_at[p] for p in preds if self.last_at[p] is not None]
+        covered = frozenset.intersection(*whole) if whole else None
+        found = set()
+        for veu in veus:
+            if covered is not None and veu not in covered:
+                found.add(veu)
                 continue
-            for u, index in self.last_at[pred].items():
-                if u != veu and self.seen[veu].get(u, -1) < index and frontier.get(u, -1) < index:
-                    frontier[u] = index
-        return frontier, whole
-
-    def emits(self, veu: int, preds, veu_of) -> bool:
-        """Whether an operator waiting for ``preds`` (placed) gets a barrier-rTask on ``veu``."""
-        frontier, whole = self._waits(veu, preds, veu_of)
-        return bool(frontier or whole)
+            seen = self.seen[veu]
+            if any(u != veu and seen.get(u, -1) < index
+                   for last in positions for u, index in last.items()):
+                found.add(veu)
+        return found
 
     def place(self, op: int, preds, veu_of) -> set:
         """Records ``op``'s rTasks (``veu_of[op]``), each vEU's first one waiting for ``preds``;
         returns the vEUs that got a barrier-rTask."""
+        veus = list(dict.fromkeys(veu_of[op]))
         behind = set()
-        for veu in dict.fromkeys(veu_of[op]) if preds else ():
-            frontier, whole = self._waits(veu, preds, veu_of)
-            if frontier or whole:
+        positions = []
+        for pred in preds:
+            last = self.last_at[pred]
+            if last is not None:
+                positions.append(last)
+                continue
+            done = self.waited_by.get(pred, frozenset())
+            new = [v for v in veus if v not in done]
+            if new:
+                behind.update(new)
+                self.waited_by[pred] = done.union(new)
+        for veu in veus if positions else ():
+            seen, frontier = self.seen[veu], {}
+            for last in positions:
+                for u, index in last.items():
+                    if u != veu and seen.get(u, -1) < index and frontier.get(u, -1) < index:
+                        frontier[u] = index
+            if frontier:
                 behind.add(veu)
-                self.seen[veu] = {**self.seen[veu], **frontier}
-                self.whole[veu] = self.whole[veu] | whole
+                self.seen[veu] = {**seen, **frontier}
         last = {}
         for veu in veu_of[op]:
             last[veu] = self.placed[veu]
             self.placed[veu] += 1
-        if not _waits_whole(veu_of[op]):
-            self.last_at[op] = last
+        self.last_at[op] = None if len(last) > OP_WAIT_MIN_VEUS else last  # _waits_whole
         return behind
 
 
