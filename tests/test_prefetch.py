@@ -532,3 +532,41 @@ def test_a_dropped_wait_takes_no_place_in_the_lookahead():
             0, "k", plan, graph, 2, vdev.num_sms, RammerConfig(prefetch_lookahead=lookahead))).end_us
     assert ends[2] == pytest.approx(ends[3]) and ends[2] < ends[1] - 2.0
     assert predicted[2] == pytest.approx(predicted[3]) and predicted[2] < predicted[1] - 2.0
+
+
+def test_the_policy_knows_which_waits_the_rprogram_keeps():
+    """policy._Barriers (which vEUs get a barrier-rTask before an operator, without building the
+    program; the lookahead credit goes only there) against materialize's RProgram on random
+    graphs: the same vEUs for every operator, and ``emitting`` (asked before placement) agrees
+    with ``place``. Controls: some waits are dropped, some kept."""
+    import random
+
+    from tvm_rammer.abstractions.rtask import BarrierRTask
+    from tvm_rammer.scheduling.policy import _Barriers, bfs_waves
+
+    vdev = VDevice.for_arch("sm_90")
+    kept = dropped = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        n = rng.randint(3, 12)
+        preds = {i: sorted(rng.sample(range(i), min(i, rng.randint(0, 3)))) for i in range(n)}
+        ops = {i: ROperator(i, f"o{i}", [RKernel(f"k{i}", rng.choice([1, 1, 2, 3, 6, 8]), 1024, 64,
+                                                 0, rng.uniform(1, 10), "t")]) for i in range(n)}
+        graph = OpGraph(ops, preds, bfs_waves(range(n), preds), set())
+        for plan in schedule(graph, vdev, PolicyConfig(max_veus=rng.randint(1, 8))):
+            at = {(t.op, t.rtask_id): (v, o) for v, q in enumerate(plan.program.prog)
+                  for o, t in enumerate(q) if isinstance(t, RTask)}
+            veu_of = {op: tuple(at[op, r][0] for r in range(ops[op].kernels[0].num_rtasks))
+                      for op in plan.ops}
+            barriers, placed = _Barriers(plan.num_veus), set()
+            for op in plan.ops:
+                inside = [p for p in preds[op] if p in placed]
+                before = barriers.emitting(inside, sorted(set(veu_of[op])))
+                got = barriers.place(op, inside, veu_of)
+                want = {v for v, o in (at[op, r] for r in range(len(veu_of[op])))
+                        if o and isinstance(plan.program.prog[v][o - 1], BarrierRTask)}
+                assert got == want == (before if inside else set()), (seed, op)
+                kept += len(want)
+                dropped += len(set(veu_of[op]) - want) if inside else 0
+                placed.add(op)
+    assert kept > 0 and dropped > 0

@@ -135,7 +135,8 @@ class PolicyConfig:
             before it; n, at the earliest of the last n barriers on its vEU since that vEU last
             ran an operator that prefetches. The rTask is then also credited the waits at those
             earlier barriers (:func:`select_veus`'s ``credit_us``): only the waits, never the
-            rTasks run in between, which may be using DRAM themselves.
+            rTasks run in between, which may be using DRAM themselves; and only barrier-rTasks
+            :func:`materialize`'s RProgram keeps (a wait it drops is no barrier: ``_Barriers``).
     """
 
     cost: CostModelConfig = CostModelConfig()
