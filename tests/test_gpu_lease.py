@@ -1,7 +1,7 @@
 """scripts/gpu_lease.sh (issue 31): prepare -> plan -> run -> report on this CPU machine.
 
 The end-to-end test builds llvm libraries of the lease's form (``prepare --cpu-check``: a reduced
-model and the demo), plans them, runs every step as the GPU host would (children under time
+model, the two reduced float16 decoders and the demo), plans them, runs every step as the GPU host would (children under time
 limits, TVM_USE_RUNTIME_LIB=1, results packed into OUT_DIR) and reports them. The driver's own
 rules (a step past its limit stopped and recorded, the lease's time spent, a cut tar) and the
 report's timeline decoding are tested on synthetic leases.
@@ -37,15 +37,20 @@ def _sh(*args, env=None, check=True):
     return done
 
 
+MODELS = ("two_branch",) + lease_prepare.DECODERS  # the decoders: issue 34's decode step
+LIBS = {"demo.default"} | {f"{m}.default" for m in MODELS}
+
+
 @pytest.fixture(scope="module")
 def cpu_lease(tmp_path_factory):
-    """``prepare --cpu-check`` of the reduced two_branch model and the demo, then ``run``."""
+    """``prepare --cpu-check`` of the reduced two_branch model, the reduced float16 decoders and
+    the demo, then ``run``."""
     base = tmp_path_factory.mktemp("lease")
     lease = base / ".lease"
-    first = _sh("prepare", "--out", str(lease), "--cpu-check", "--models", "two_branch",
+    first = _sh("prepare", "--out", str(lease), "--cpu-check", "--models", ",".join(MODELS),
                 "--reduced", "all", "--no-bundle")
     sources = json.loads((lease / "index.json").read_text())["sources"]
-    again = _sh("prepare", "--out", str(lease), "--cpu-check", "--models", "two_branch",
+    again = _sh("prepare", "--out", str(lease), "--cpu-check", "--models", ",".join(MODELS),
                 "--reduced", "all", "--no-bundle")
     out = base / "out"
     ran = _sh("run", str(out), env={"LEASE_DIR": str(lease)})
@@ -60,15 +65,15 @@ def _results(out: Path) -> dict:
 
 def test_prepare_builds_lease_libraries_and_reuses_them(cpu_lease):
     index = json.loads((cpu_lease["lease"] / "index.json").read_text())
-    assert set(index["artifacts"]) == {"demo.default", "two_branch.default"}
+    assert set(index["artifacts"]) == LIBS
     for name, rec in index["artifacts"].items():
         assert "error" not in rec, rec
         manifest = json.loads((cpu_lease["lease"] / "libs" / f"{name}.json").read_text())
         assert manifest["format"] == "tvm-rammer-lib/1" and manifest["device_type"] == "cpu"
-        assert manifest["model"]["zoo"] in ("branches", "two_branch")
+        assert manifest["model"]["zoo"] in ("branches",) + MODELS
     assert cpu_lease["first"].splitlines()[-1].startswith("travel: ")
     if cpu_lease["same_sources"]:  # (a shared working tree may change between the two)
-        assert "2 unchanged, 0 to build" in cpu_lease["again"]  # keyed by content: no rebuild
+        assert f"{len(LIBS)} unchanged, 0 to build" in cpu_lease["again"]  # keyed by content: no rebuild
     assert cpu_lease["again"].splitlines()[-1].startswith("travel: ")
 
 
@@ -76,7 +81,7 @@ def test_plan_lists_the_steps_and_ends_with_the_total(cpu_lease):
     done = _sh("plan", env={"LEASE_DIR": str(cpu_lease["lease"])})
     lines = done.stdout.splitlines()
     names = [ln.split()[0] for ln in lines[1:-2]]
-    assert names == ["install", "device", "demo", "zoo-two_branch"]
+    assert names == ["install", "device", "demo"] + [f"zoo-{m}" for m in MODELS]
     assert lines[-1].startswith("total: ") and lines[-1].endswith(" s")
     total = int(lines[-1].split()[1])
     rows, exact = lease_plan.plan(cpu_lease["lease"])
@@ -87,7 +92,7 @@ def test_run_loads_runs_checks_and_times_every_library_on_the_cpu(cpu_lease):
     out = cpu_lease["out"]
     assert len([p for p in out.iterdir()]) <= 8
     res = _results(out)
-    assert list(res) == ["install", "device", "demo", "zoo-two_branch"]
+    assert list(res) == ["install", "device", "demo"] + [f"zoo-{m}" for m in MODELS]
     assert res["device"]["records"][0]["gpu"] is False
     assert res["device"]["records"][0]["tvm_runtime_only"] is True
     for step in ("demo", "zoo-two_branch"):
@@ -101,11 +106,52 @@ def test_run_loads_runs_checks_and_times_every_library_on_the_cpu(cpu_lease):
         assert {"device/step.log", "demo/step.log", "zoo-two_branch/step.log"} <= set(t.getnames())
 
 
+def test_the_decoders_step_is_loaded_run_and_checked_on_the_cpu(cpu_lease):
+    """Issue 34 on the lease: both float16 decoders (reduced here) load, run at cache slot
+    L // 2 = 8 and match onnxruntime; the libraries are TVM's default on llvm (the CUDA lease adds
+    tvm-rammer's). Control: the same library run at another slot is caught by the same check."""
+    from tvm_rammer.runtime.library import load
+    from tvm_rammer.runtime.reference import onnx_reference, seeded_inputs
+    from tvm_rammer.runtime.spec import read_spec
+    from tvm_rammer.runtime.weights import zoo_model
+
+    res = _results(cpu_lease["out"])
+    for m in lease_prepare.DECODERS:
+        step = res[f"zoo-{m}"]
+        assert step["status"] == "ok", step
+        (ref,) = [r for r in step["records"] if r["kind"] == "reference"]
+        assert ref["position"] == 8 and ref["model"]["params"]["dtype"] == "float16"
+        (lib,) = [r for r in step["records"] if r["kind"] == "library"]
+        assert lib["ok"] and lib["max_rel_err"] <= 2e-2 and lib["latency_us"] > 0
+        (torch,) = [r for r in step["records"] if r["kind"] == "torch"]
+        assert "would_time" in torch and torch.get("host_read") is None, torch
+    spec = read_spec(cpu_lease["lease"] / "libs" / "gpt2_decode.default.json")
+    inputs, slot = lease_steps.decode_position(spec, seeded_inputs(spec))
+    ref = onnx_reference(zoo_model(spec), spec, inputs)
+    library = load(spec.manifest)
+    assert slot == 8 and library.compare(ref, inputs)["ok"]
+    moved = list(inputs)
+    moved[1] = np.full_like(inputs[1], 3)  # "position": another cache slot
+    assert not library.compare(ref, moved)["ok"]
+
+
+def test_the_lease_measures_both_decoders_at_their_lease_size():
+    arts = {a.name: a for a in lease_prepare.artifacts(lease_prepare.LeaseSpec())}
+    for m in lease_prepare.DECODERS:
+        for v in ("rammer", "default"):  # tvm-rammer's library against TVM's default
+            assert arts[f"{m}.{v}"].model["params"]["dtype"] == "float16"
+        assert "max_len" not in arts[f"{m}.rammer"].model["params"]  # full width: 1024 slots
+    assert arts["gpt2_decode.rammer"].model["params"] == {"dtype": "float16"}  # GPT-2 small whole
+    assert arts["llama_decode.rammer"].model["params"] == {"dtype": "float16", "layers": 2}
+
+
 def test_report_of_the_cpu_run(cpu_lease, tmp_path):
     lease_report.write_report(cpu_lease["out"], tmp_path / "rep")
     text = (tmp_path / "rep" / "README.md").read_text()
     assert "| two_branch (reduced) (CPU check: llvm) |" in text
     assert "| demo (16 branches) (CPU check: llvm) |" in text
+    for m in lease_prepare.DECODERS:
+        assert f"| {m} (float16, reduced, step at position 8) (CPU check: llvm) |" in text
     data = json.loads((tmp_path / "rep" / "results.json").read_text())
     assert data["commit"] == json.loads((cpu_lease["lease"] / "index.json").read_text())["commit"]
     assert all(ok for r in data["models"] for ok in r["ok"].values()) and data["models"]

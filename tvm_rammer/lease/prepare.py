@@ -39,8 +39,15 @@ from pathlib import Path
 
 FORMAT = "tvm-rammer-lease/1"
 ROOT = Path(__file__).resolve().parents[2]
-ZOO = ("lstm_tc", "nasnet_cifar", "squeezenet", "alexnet", "resnext29", "seq2seq", "googlenet",
-       "inception_v3", "randwire", "deepspeech2")  # in order of value: H200 2026-11-25 first
+DECODERS = ("gpt2_decode", "llama_decode")  # issue 34's decode step: the open question first
+ZOO = DECODERS + ("lstm_tc", "nasnet_cifar", "squeezenet", "alexnet", "resnext29", "seq2seq",
+                  "googlenet", "inception_v3", "randwire", "deepspeech2")  # in order of value
+# a model's lease size where it is not the zoo default (reduced builds keep the dtype): GPT-2 small
+# whole in float16; Llama-3.2-1B's width (d 2048, 32/8 heads, d_ff 8192, vocab 128256) in float16
+# with 2 of its 16 layers: its 16-layer weights (2.47 GB, external data) would be regenerated,
+# transformed three times and read by onnxruntime and PyTorch within one step of the lease
+LEASE_PARAMS = {"gpt2_decode": {"dtype": "float16"},
+                "llama_decode": {"dtype": "float16", "layers": 2}}
 TIMELINE_MODELS = ("nasnet_cifar", "resnext29", "alexnet")
 DEMO = {"zoo": "branches", "params": {"n": 16}, "batch": 1}
 # what a library's build depends on besides its spec: the compiler's sources (not the lease's,
@@ -100,9 +107,10 @@ VARIANTS = {  # variant -> (pipeline, RammerConfig fields)
 
 
 def model_dict(name: str, reduced: bool) -> dict:
-    """The manifest's ``model`` entry of a zoo model (full size unless ``reduced``)."""
+    """The manifest's ``model`` entry of a zoo model (its lease size, :data:`LEASE_PARAMS`, unless
+    ``reduced``: ``tvm_rammer.models.REDUCED``'s, in the lease's dtype)."""
     from tvm_rammer.models import REDUCED
-    params = dict(REDUCED[name]) if reduced else {}
+    params = {**LEASE_PARAMS.get(name, {}), **(REDUCED[name] if reduced else {})}
     return {"zoo": name, "params": params, "batch": 1}
 
 
@@ -527,7 +535,7 @@ def _sizes(libs: Path, name: str, rec: dict) -> dict:
         return {}
     n = 0
     for w in man.get("raw_weights", []):
-        size = 4
+        size = 2 if w.get("dtype") in ("float16", "bfloat16") else 4
         for d in w["shape"]:
             size *= int(d)
         n += size

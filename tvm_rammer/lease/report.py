@@ -67,6 +67,8 @@ def model_rows(steps: list) -> list:
             kind = rec.get("kind")
             if kind == "reference":
                 row["params"] = (rec.get("model") or {}).get("params")
+                if rec.get("position") is not None:
+                    row["position"] = rec["position"]
             elif kind == "library":
                 v = rec.get("variant")
                 if "latency_us" in rec:
@@ -87,6 +89,10 @@ def model_rows(steps: list) -> list:
                     row["rel_err"]["torch"] = rec["rel_err"]
                 if "error" in rec:
                     row["errors"]["torch"] = rec["error"]
+                if "graph_error" in rec:
+                    row["errors"]["torch CUDA graph"] = rec["graph_error"]
+                if rec.get("host_read"):
+                    row["errors"]["torch (a host read: no CUDA graph)"] = rec["host_read"]
                 if "would_time" in rec:
                     row["would_time"].append(rec["would_time"])
         lat = row["latency_us"]
@@ -132,6 +138,27 @@ def timeline_rows(steps: list, raw: dict) -> list:
     return out
 
 
+def model_label(row: dict) -> str:
+    """The table's name of a model row: "(reduced)" for ``tvm_rammer.models.REDUCED``'s size,
+    else the parameters the lease set (a decoder's float16, Llama's layers), and a decode step's
+    cache slot."""
+    from tvm_rammer.models import REDUCED
+
+    name, params = row["model"], dict(row.get("params") or {})
+    if name.startswith("demo") or not params:
+        return name
+    small = REDUCED.get(name, {})
+    reduced = bool(small) and all(params.get(k) == v for k, v in small.items())
+    shown = [str(params.pop("dtype"))] if "dtype" in params else []
+    if reduced:
+        shown.append("reduced")
+    else:
+        shown += [f"{k}={v}" for k, v in params.items()]
+    if row.get("position") is not None:
+        shown.append(f"step at position {row['position']}")
+    return f"{name} ({', '.join(shown)})"
+
+
 def _us(v) -> str:
     return f"{v:,.1f}" if isinstance(v, (int, float)) else "-"
 
@@ -154,9 +181,7 @@ def format_markdown(summary: dict) -> str:
         ok = all(v for v in r["ok"].values()) if r["ok"] else None
         sp = r.get("speedup_vs_default")
         st = r.get("speedup_vs_torch_best")
-        reduced = r.get("params") and not r["model"].startswith("demo")
-        label = r["model"] + (" (reduced)" if reduced else "") + (
-            " (CPU check: llvm)" if r.get("device_type") == "cpu" else "")
+        label = model_label(r) + (" (CPU check: llvm)" if r.get("device_type") == "cpu" else "")
         lines.append(
             f"| {label} | {_us(lat.get('rammer'))} | {_us(lat.get('rammer_nocheck'))} | "
             f"{_us(lat.get('default'))} | {_us(lat.get('torch_eager'))} | "
