@@ -201,7 +201,7 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
 
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline={pipeline!r}: choose one of {PIPELINES}")
-    proto = load_onnx(proto)
+    proto = integers_as_constants(load_onnx(proto))
     config = replace(config or RammerConfig(), weights="apart")
     mod = import_onnx(proto, weights="apart")
     cpu = str(target) == "llvm" or getattr(target, "kind", None) is not None \
@@ -228,6 +228,37 @@ def build_library(proto, pipeline: str = "rammer", config=None, target="rammer/n
     except BaseException:
         os.remove(out)  # the library appears with its manifest and weights, or not at all
         raise
+
+
+FLOAT_TYPES = (1, 10, 11, 16)  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def integers_as_constants(proto):
+    """``proto`` with its non-float initializers (Reshape's and Expand's shapes, Slice's starts,
+    Range's bounds, ScatterND's index patterns) as Constant nodes, so that only the float weights
+    travel apart and the shapes stay static (as parameters, an Expand's shape made llama_decode's
+    repeat_kv reshape dynamic: 130 s of LLVM for one kernel); ``proto`` itself when there is none.
+    The runtime picks the raw weights by name from the regenerated model, so the manifest's list
+    (floats only) is all it reads."""
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    ints = [i for i in proto.graph.initializer if i.data_type not in FLOAT_TYPES]
+    if not ints:
+        return proto
+    names = {i.name for i in ints}
+    out = type(proto)()
+    out.CopyFrom(proto)
+    kept = [i for i in out.graph.initializer if i.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    inputs = [v for v in out.graph.input if v.name not in names]
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    nodes = [helper.make_node("Constant", [], [i.name], value=i, name=f"const_{i.name}")
+             for i in ints] + list(out.graph.node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
 
 
 def _write_beside(out, lowered, proto, pipeline, target, tgt, cpu, model, weights_file,
