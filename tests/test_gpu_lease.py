@@ -135,6 +135,41 @@ def test_the_decoders_step_is_loaded_run_and_checked_on_the_cpu(cpu_lease):
     assert not library.compare(ref, moved)["ok"]
 
 
+def test_the_torch_baseline_of_the_decoders_has_no_host_read():
+    """Where PyTorch and onnx2torch are installed (not in CI): onnx2torch's own conversion reads
+    device tensors on the host (Range's bounds, ScatterND's indices: a CUDA graph cannot capture
+    that), the lease's (torch_baseline) does not, on the "meta" device, and matches onnxruntime."""
+    torch = pytest.importorskip("torch")
+    from tvm_rammer.models import REDUCED, get_model
+    from tvm_rammer.runtime import torch_baseline
+    from tvm_rammer.runtime.reference import relative_error
+
+    try:
+        onnx_to_torch, _ = torch_baseline.import_convert()
+    except ImportError:
+        pytest.skip("onnx2torch is not installed")
+    ort = pytest.importorskip("onnxruntime")
+    for name in lease_prepare.DECODERS:
+        model = get_model(name, **REDUCED[name], dtype="float16")
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for v in model.graph.input:
+            shape = [d.dim_value for d in v.type.tensor_type.shape.dim]
+            feeds[v.name] = (np.full(shape, 8, np.int64) if v.type.tensor_type.elem_type == 7
+                             else rng.standard_normal(shape).astype(np.float16))
+        plain = onnx_to_torch(model).eval().to("meta")
+        with pytest.raises(Exception):  # the control: a host read of a device tensor
+            plain(*[torch.from_numpy(x).to("meta") for x in feeds.values()])
+        assert torch_baseline.host_reads(model, feeds) is None
+        gm, notes = torch_baseline.convert(model, "cpu", onnx_to_torch)
+        assert any("ScatterND" in n for n in notes)
+        with torch.inference_mode():
+            outs = gm(*[torch.from_numpy(x) for x in feeds.values()])
+        ref = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, feeds)
+        assert max(relative_error(o.float().numpy(), r) for o, r in zip(outs, ref)) < 2e-2
+
+
 def test_the_lease_measures_both_decoders_at_their_lease_size():
     arts = {a.name: a for a in lease_prepare.artifacts(lease_prepare.LeaseSpec())}
     for m in lease_prepare.DECODERS:
