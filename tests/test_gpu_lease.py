@@ -325,6 +325,13 @@ def test_report_decodes_a_timeline_and_tables_a_synthetic_lease(tmp_path):
         {"step": "zoo-resnext29", "status": "timeout", "seconds": 60.0, "records": [
             {"kind": "library", "variant": "rammer", "max_rel_err": 0.5, "ok": False,
              "latency_us": 10.0}]},
+        {"step": "zoo-gpt2_decode", "status": "ok", "seconds": 30.0, "records": [
+            {"kind": "library", "variant": "rammer_nocheck", "latency_us": 200.0,
+             "max_rel_err": 1e-3, "ok": True},
+            {"kind": "library", "variant": "lookahead1", "latency_us": 210.0,
+             "max_rel_err": 1e-3, "ok": True},
+            {"kind": "library", "variant": "prefetch_off", "latency_us": 250.0,
+             "max_rel_err": 1e-3, "ok": True}]},
         {"step": "timeline-alexnet", "status": "ok", "seconds": 5.0,
          "records": [{"kind": "timeline", "buffers": 1}]},
     ]
@@ -358,6 +365,11 @@ def test_report_decodes_a_timeline_and_tables_a_synthetic_lease(tmp_path):
     assert "| alexnet | 1,000.0 | 1,500.0 | 1,300.0 | 2,000.0 | 1,250.0 | 1.30x | 1.25x |" in text
     assert "| resnext29 |" in text and "**NO**" in text  # a wrong output is shown, not hidden
     assert "| zoo-resnext29 | timeout |" in text
+    # the prefetch table: the decoder's three builds, the gain of the prefetch; alexnet (no such
+    # builds) not in it
+    prefetch = text.split("## Weights prefetched across barriers")[1].split("##")[0]
+    assert "| gpt2_decode | 200.0 | 210.0 | 250.0 | 1.25x |" in prefetch
+    assert "alexnet" not in prefetch
     assert (res_dir / "lease" / "raw.tar").exists()
 
 
@@ -422,6 +434,26 @@ def test_prepare_builds_every_models_main_comparison_before_the_nocheck_builds()
         ("demo", ("rammer", "default")), ("alexnet", ("rammer", "rammer_nocheck", "default")),
         ("squeezenet", ("rammer", "rammer_nocheck", "default")), ("nasnet_cifar", ("timeline",)),
         ("resnext29", ("timeline",)), ("alexnet", ("timeline",))) for v in vs)
+
+
+def test_decoders_get_the_prefetch_builds_after_every_main_comparison():
+    """Issue 34's prefetch measured: each decoder also built with the prefetch at the barrier
+    right before its reader only (lookahead 1) and with none, after every model's main
+    comparison (a prepare cut by its time limit keeps those); a CNN and a CPU check get none."""
+    spec = lease_prepare.LeaseSpec(models=("gpt2_decode", "alexnet"), timelines=(), demo=False)
+    arts = lease_prepare.artifacts(spec)
+    extra = {a.name: a for a in arts if a.variant in lease_prepare.PREFETCH_VARIANTS}
+    assert set(extra) == {"gpt2_decode.lookahead1", "gpt2_decode.prefetch_off"}
+    assert extra["gpt2_decode.lookahead1"].config == {"prefetch_lookahead": 1,
+                                                      "check_unmeasured": False}
+    assert extra["gpt2_decode.prefetch_off"].config["prefetch_weights"] is False
+    last_main = max(i for i, a in enumerate(arts) if a.variant in ("rammer", "default"))
+    assert all(i > last_main for i, a in enumerate(arts) if a.name in extra)
+    from tvm_rammer import RammerConfig
+    for a in extra.values():  # fields the product's config takes
+        RammerConfig(**a.config)
+    cpu = lease_prepare.artifacts(replace(spec, cpu_check=True))
+    assert not any(a.variant in lease_prepare.PREFETCH_VARIANTS for a in cpu)
 
 
 def test_source_hash_ignores_the_lease_and_runtime_code_but_not_the_compiler(tmp_path):

@@ -88,7 +88,7 @@ class LeaseSpec:
 @dataclass(frozen=True)
 class Artifact:
     """One library to build: ``name`` (file stem), the zoo ``model`` dict ``{"zoo", "params",
-    "batch"}``, ``variant`` ("rammer", "rammer_nocheck", "default", "timeline") and the target."""
+    "batch"}``, ``variant`` (a key of :data:`VARIANTS`) and the target."""
 
     name: str
     model: dict
@@ -103,7 +103,13 @@ VARIANTS = {  # variant -> (pipeline, RammerConfig fields)
     "rammer_nocheck": ("rammer", {"check_unmeasured": False}),
     "default": ("default", {}),
     "timeline": ("rammer", {"timeline": True, "check_unmeasured": False}),  # rPrograms to look in
+    # issue 34's prefetch across barriers, measured: the same rProgram with the prefetch only at
+    # the barrier right before its reader, and with none (decoders only: PREFETCH_MODELS)
+    "lookahead1": ("rammer", {"prefetch_lookahead": 1, "check_unmeasured": False}),
+    "prefetch_off": ("rammer", {"prefetch_weights": False, "check_unmeasured": False}),
 }
+PREFETCH_VARIANTS = ("lookahead1", "prefetch_off")
+PREFETCH_MODELS = DECODERS  # where the model predicts the prefetch matters (weights > one wait)
 
 
 def model_dict(name: str, reduced: bool) -> dict:
@@ -137,6 +143,10 @@ def artifacts(spec: LeaseSpec) -> list[Artifact]:
         add(m, model_dict(m, _is_reduced(spec, m)), first)
     for m in spec.models:
         add(m, model_dict(m, _is_reduced(spec, m)), [v for v in zoo_variants if v not in first])
+    if not spec.cpu_check:  # persistent kernels (and their prefetches) are CUDA only
+        for m in spec.models:
+            if m in PREFETCH_MODELS:
+                add(m, model_dict(m, _is_reduced(spec, m)), PREFETCH_VARIANTS)
     if not spec.cpu_check:  # the instrumented build reads %globaltimer: CUDA only
         for m in spec.timelines:
             add(m, model_dict(m, _is_reduced(spec, m)), ("timeline",))

@@ -189,6 +189,21 @@ def format_markdown(summary: dict) -> str:
             f"{f'{st:.2f}x' if st else '-'} | "
             f"{(lambda e: f'{e:.1e}' if e is not None else '-')(r['rel_err'].get('rammer'))} | "
             f"{'yes' if ok else ('-' if ok is None else '**NO**')} |")
+    prefetch = [r for r in summary["models"]
+                if any(r["latency_us"].get(v) for v in ("lookahead1", "prefetch_off"))]
+    if prefetch:
+        lines += ["", "## Weights prefetched across barriers (issue 34): the same decode step's "
+                  "rProgram with the prefetch issued up to 4 barriers early (tvm-rammer's "
+                  "default), at the barrier right before its reader only, and with none", "",
+                  "| model | lookahead 4 (rammer --no-unmeasured-check) | lookahead 1 | "
+                  "no prefetch | prefetch's gain |", "|---|---|---|---|---|"]
+        for r in prefetch:
+            lat = r["latency_us"]
+            gain = (lat["prefetch_off"] / lat["rammer_nocheck"]
+                    if lat.get("prefetch_off") and lat.get("rammer_nocheck") else None)
+            lines.append(f"| {model_label(r)} | {_us(lat.get('rammer_nocheck'))} | "
+                         f"{_us(lat.get('lookahead1'))} | {_us(lat.get('prefetch_off'))} | "
+                         f"{f'{gain:.2f}x' if gain else '-'} |")
     problems = [(r["model"], k, e) for r in summary["models"] for k, e in r["errors"].items()]
     if problems:
         lines += ["", "Errors:", ""] + [f"- {m} {k}: {e}" for m, k, e in problems]
