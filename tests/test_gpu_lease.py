@@ -478,3 +478,108 @@ def test_lease_steps_imports_under_the_runtime_alone():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, TVM_USE_RUNTIME_LIB="1"), check=True)
     assert done.stdout.strip() == "False"
+
+
+class _Killed(BaseException):
+    """Stands for the step's child being stopped (its limit) or dying (an abort in the capture)."""
+
+
+def test_the_torch_eager_time_is_recorded_before_the_cuda_graph_is_tried(tmp_path, monkeypatch):
+    """A CUDA-graph capture that never returns (the step's limit) or takes the process down must
+    not lose the eager time already measured: it is on disk before the capture starts."""
+    from contextlib import nullcontext
+    from tvm_rammer.runtime import torch_baseline
+
+    def no_graph(*_args, **_kwargs):
+        raise _Killed()
+
+    fake = SimpleNamespace(
+        Tensor=type("Tensor", (), {}), from_numpy=lambda v: SimpleNamespace(to=lambda d: v),
+        inference_mode=nullcontext,
+        cuda=SimpleNamespace(CUDAGraph=no_graph, Stream=no_graph, graph=no_graph))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(torch_baseline, "import_convert", lambda: (None, ""))
+    monkeypatch.setattr(torch_baseline, "convert", lambda proto, dev, conv: (lambda *xs: xs, []))
+    monkeypatch.setattr(lease_steps, "_torch_time", lambda fn: (1234.0, 10))
+    lease = tmp_path / "lease"
+    lease.mkdir()
+    (lease / "index.json").write_text("{}")
+    step = lease_steps.Step("zoo-x", lease, tmp_path / "work")
+    with pytest.raises(_Killed):
+        lease_steps.step_torch(step, None, {"x": np.zeros(2)}, None, True, {})
+    recs = [json.loads(line) for line in (tmp_path / "work" / "zoo-x.jsonl").read_text().splitlines()]
+    assert [r["eager_us"] for r in recs if r.get("kind") == "torch"] == [1234.0]
+
+
+def _integer_weights_model(inputs_list_initializers: bool):
+    """x [2, 4] float -> Gather(rows of an int8 weight dequantized, by an int64 index table) @ x^T
+    + a float bias, reshaped by an int64 shape: integer initializers that are weights, not shapes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.integers(-100, 100, (5, 4)).astype(np.int8), "w_q"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "w_scale"),
+             numpy_helper.from_array(np.array([4, 0, 2], np.int64), "table"),
+             numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "bias"),
+             numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w"]),
+             helper.make_node("Gather", ["w", "table"], ["rows"], axis=0),
+             helper.make_node("Transpose", ["x"], ["xt"]),
+             helper.make_node("MatMul", ["rows", "xt"], ["y0"]),
+             helper.make_node("Add", ["y0", "bias"], ["y1"]),
+             helper.make_node("Reshape", ["y1", "flat"], ["y"])]
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])]
+    if inputs_list_initializers:  # IR < 4: every initializer also a graph input
+        graph_inputs += [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                         for i in inits]
+    graph = helper.make_graph(nodes, "int_weights", graph_inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_integers_as_constants_keeps_integer_weights_meaning(listed):
+    """An int8 weight (DequantizeLinear) and a Gather's int64 index table are embedded as Constant
+    nodes, not dropped or reordered: onnxruntime gives the same outputs; only floats stay apart."""
+    ort = pytest.importorskip("onnxruntime")
+    from tvm_rammer.lease.manifest import integers_as_constants
+
+    model = _integer_weights_model(listed)
+    moved = integers_as_constants(model)
+    assert sorted(i.name for i in moved.graph.initializer) == ["bias", "w_scale"]
+    assert [v.name for v in moved.graph.input] == (["x", "w_scale", "bias"] if listed else ["x"])
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)}
+
+    def outs(m):
+        return ort.InferenceSession(m.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+    np.testing.assert_array_equal(outs(moved), outs(model))
+    assert len(model.graph.initializer) == 5  # the input model is left as it was
+
+
+def test_a_library_apart_with_integer_weights_and_a_scalar_weight_matches_onnxruntime(tmp_path):
+    """build_library (llvm, weights apart, no zoo model: the weights travel as .npz) of a model
+    whose int8 weight and int64 Gather table are embedded as constants and whose float scale is
+    0-d: the .npz keeps the scalar 0-d (np.ascontiguousarray made it [1]: 'no weight') and the
+    library gives onnxruntime's outputs."""
+    ort = pytest.importorskip("onnxruntime")
+    import tvm
+    from tvm import relax
+    from tvm_rammer.lease import manifest as mf
+
+    model = _integer_weights_model(False)
+    built = mf.build_library(model, pipeline="default", target="llvm", out=str(tmp_path / "m.so"))
+    man = mf.read_manifest(built["manifest"])
+    assert [w["name"] for w in man["raw_weights"]] == ["w_scale", "bias"]
+    raw = mf.read_weights(man, tmp_path)
+    assert raw[0].shape == ()
+    vm = relax.VirtualMachine(tvm.runtime.load_module(built["library"]), tvm.cpu())
+    weights = [tvm.runtime.tensor(a) for a in raw]
+    weights = vm[man["transform"]](*weights) if man["transform"] else weights
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    got = vm["main"](tvm.runtime.tensor(x), *weights)
+    got = (got if hasattr(got, "numpy") else got[0]).numpy()
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

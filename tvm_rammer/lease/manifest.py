@@ -142,7 +142,8 @@ def write_weights(path, raw: list) -> Path:
     if len(set(names)) != len(names):
         raise ValueError("two raw weights share a name: the .npz keys them by name")
     part = path.with_name(f".{path.stem}.part.npz")
-    np.savez(part, **{n: np.ascontiguousarray(a) for n, a in raw})
+    # np.require, not np.ascontiguousarray: that makes a 0-d weight (a scale, a bound) 1-d
+    np.savez(part, **{n: np.require(a, requirements="C") for n, a in raw})
     os.replace(part, path)
     return path
 
@@ -170,7 +171,7 @@ def read_weights(manifest: dict, folder) -> list:
         if array is None or list(array.shape) != want["shape"] or str(array.dtype) != want["dtype"]:
             raise ValueError(f"{source} has no weight {want['name']!r} of {want['dtype']}"
                              f"{want['shape']}: the weights are not this library's; rebuild them")
-        out.append(np.ascontiguousarray(array))
+        out.append(np.require(array, requirements="C"))  # a 0-d weight stays 0-d
     return out
 
 

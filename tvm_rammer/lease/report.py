@@ -87,6 +87,8 @@ def model_rows(steps: list) -> list:
                         row["latency_us"][sysname] = rec[key]
                 if "rel_err" in rec:
                     row["rel_err"]["torch"] = rec["rel_err"]
+                if "graph_rel_err" in rec:
+                    row["rel_err"]["torch CUDA graph"] = rec["graph_rel_err"]
                 if "error" in rec:
                     row["errors"]["torch"] = rec["error"]
                 if "graph_error" in rec:

@@ -461,7 +461,9 @@ def step_torch(step: Step, proto, feeds: dict, ref, gpu: bool, prior: dict) -> N
     wheel; :mod:`.torch_baseline` keeps it free of host reads), median us over CUDA events;
     outputs compared with onnxruntime. Without a GPU (torch present): converted and run eager on
     the CPU, compared, and run on the "meta" device, where a host read that would break the CUDA
-    graph's capture fails (``host_read``: None when there is none). Every failure: one line."""
+    graph's capture fails (``host_read``: None when there is none). Every failure: one line.
+    With a GPU, two "torch" records: the eager one, written before the capture is tried (a capture
+    that hangs past the step's limit or aborts the process keeps it), then the CUDA graph's."""
     from .reference import relative_error as rel_err
     from . import torch_baseline
 
@@ -513,6 +515,9 @@ def step_torch(step: Step, proto, feeds: dict, ref, gpu: bool, prior: dict) -> N
             rec["eager_us"], rec["runs"] = _torch_time(lambda: model(*xs))
         except Exception as err:  # noqa: BLE001 - recorded
             rec["error"] = f"eager: {_error(err)}"
+        rec["seconds"] = round(time.perf_counter() - t0, 2)
+        step.record(rec)  # on disk before the capture: one that hangs or aborts keeps the eager
+        rec, t0 = {"kind": "torch", "part": "CUDA graph"}, time.perf_counter()
         try:
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream()
@@ -529,7 +534,10 @@ def step_torch(step: Step, proto, feeds: dict, ref, gpu: bool, prior: dict) -> N
                 rec["graph_rel_err"] = compare(captured)
             rec["graph_us"], _ = _torch_time(graph.replay)
         except Exception as err:  # noqa: BLE001 - recorded, the eager time stays
-            rec["graph_error"] = f"CUDA graph: {_error(err)}"
+            # a failed capture's exit raises its own error: the first cause is the one to read
+            cause = err.__context__ or err.__cause__
+            rec["graph_error"] = f"CUDA graph: {_error(err)}" + (
+                f" (raised while handling {_error(cause)})" if cause is not None else "")
     rec["seconds"] = round(time.perf_counter() - t0, 2)
     step.record(rec)
 
