@@ -41,6 +41,8 @@ def _emulated_error(name, proto, config):
           f"{'preset vDevice' if config is None or config.num_sms is None else SMALL}): max rel "
           f"err {err:.2e} (tolerance {tol:.0e}), emulated {result.emulated_wall_s:.2f} s, g++ "
           f"{result.gxx_seconds:.1f} s, {len(result.launches)} launches")
+    if name == "nasnet_cifar":  # (test_emulator.py emulated a smaller NASNet for this; dropped)
+        assert len(result.launches) == 1  # one rProgram
     return err, tol
 
 
