@@ -43,6 +43,17 @@ def _build(name, on: bool):
                            config=RammerConfig(**SMALL, rkernel_functions=on))
 
 
+_BUILDS = {}
+
+
+def _shared_build(name, on: bool):
+    """``_build(name, on)`` made once in this module, for the tests that patch nothing and only
+    read (or emulate) the build: the device-function checks and the numerics of the same model."""
+    if (name, on) not in _BUILDS:
+        _BUILDS[name, on] = _build(name, on)
+    return _BUILDS[name, on]
+
+
 def _entries(build) -> int:
     """Dispatch entries (distinct rKernel bodies) of the build's one persistent kernel."""
     (func,) = [f for _, f in build.relax_mod.functions_items()
@@ -112,7 +123,7 @@ def test_postproc_runs_after_a_callback_registered_before():
 
 @pytest.mark.parametrize("name", ["squeezenet", "lstm_tc"])
 def test_one_device_function_per_dispatch_entry(name):
-    on, off = _build(name, True), _build(name, False)
+    on, off = _shared_build(name, True), _build(name, False)
     (kernel,) = on.kernels
     defined = _DEVICE_FN.findall(on.cuda_source)
     entries = _entries(on)
@@ -139,7 +150,7 @@ def test_one_device_function_per_dispatch_entry(name):
 def test_models_match_onnxruntime_with_the_option_on(name):
     from tvm_rammer.checks.emulator import emulate
 
-    build = _build(name, True)
+    build = _shared_build(name, True)
     assert _DEVICE_FN.search(build.cuda_source)
     result = emulate(build)
     err = _error(get_model(name, **MODELS[name]), result)
