@@ -25,6 +25,7 @@ from tvm import tirx
 from tvm.s_tir import dlight as dl
 
 from .decode_attention import DecodeAttentionRule
+from .intrin_import import know_frozen_import_frames
 from .plain_schedule import PLAIN_SCHEDULE, plain_schedule
 
 __all__ = ["default_rules", "default_schedule_pass", "schedule_like_default", "is_scheduled",
@@ -36,7 +37,9 @@ SCHEDULED_BY_ATTR = "rammer.scheduled_by"  # set by a rule of ours (``schedule_n
 
 
 def default_rules() -> tuple:
-    """Fresh instances of TVM's default CUDA dlight rules, in TVM's order."""
+    """Fresh instances of TVM's default CUDA dlight rules, in TVM's order (``Matmul`` may import
+    the tensor intrinsics: ``intrin_import``)."""
+    know_frozen_import_frames()
     return (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
             dl.gpu.Fallback())
 

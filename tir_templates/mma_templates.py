@@ -19,8 +19,9 @@ MMA ``m16n8k16`` needs sm_80 or newer; :func:`mma_schedules` lists the variants 
 float16 operator on such a target. Nothing here raises for an operator it does not handle.
 
 ``tvm.s_tir.tensor_intrin.cuda`` is imported only when a float16 GEMM is scheduled: importing it
-registers every CUDA tensor intrinsic (about a minute of TVMScript parsing), which float32 models
-never need (dlight's tensor-core rule imports it the same way).
+registers every CUDA tensor intrinsic (~12 s of TVMScript parsing with
+``intrin_import.know_frozen_import_frames``, ~36 s without), which float32 models never need (dlight's
+tensor-core rule imports it the same way).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tvm import tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers
 
 from .gemm_templates import MAX_THREADS, gemm_form
+from .intrin_import import know_frozen_import_frames
 
 __all__ = ["MMA_CONFIGS", "shared_bytes", "supports_mma", "schedule_gemm_mma", "mma_schedules"]
 
@@ -60,6 +62,7 @@ def supports_mma(target) -> bool:
 
 
 def _intrinsics():
+    know_frozen_import_frames()
     from tvm.s_tir.tensor_intrin import cuda  # pylint: disable=import-outside-toplevel  (see module doc)
 
     return cuda
