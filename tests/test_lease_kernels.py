@@ -548,3 +548,23 @@ def test_the_prepare_hook_prints_the_rprogram_state_per_model(tmp_path, monkeypa
     assert "kernels: two_branch: 4 rPrograms formed, 1 measured, 3 candidates, 2 built, 1 left " \
            "for a later lease; leases needed: 2" in lines
     assert "kernels: branches: rPrograms not formed (no room or time left in this lease)" in lines
+
+
+def test_fixed_arguments_keep_their_shapes_a_scalar_too(monkeypatch):
+    """lease.rprograms._fixed hands the timing each fixed argument as it is: a 0-d one stays 0-d
+    (np.ascontiguousarray made it [1], which no kernel parameter of shape () accepts); one over
+    FIXED_MAX_BYTES is left out."""
+    from types import SimpleNamespace
+
+    from tvm_rammer.lease import rprograms
+    from tvm_rammer.tuning import measure
+
+    monkeypatch.setattr(measure, "param_specs", lambda func: [])
+    big = np.zeros(rprograms.FIXED_MAX_BYTES // 4 + 1, dtype=np.float32)
+    built = SimpleNamespace(func=None, fixed_args=lambda: {
+        "pos": np.array(7, dtype=np.int64), "w": np.arange(6.0).reshape(2, 3).T, "big": big})
+    got = rprograms._fixed(built)
+    assert set(got) == {"pos", "w"}
+    assert got["pos"].shape == () and int(got["pos"]) == 7
+    assert got["w"].shape == (3, 2) and got["w"].flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(got["w"], np.arange(6.0).reshape(2, 3).T)

@@ -149,7 +149,8 @@ def _fixed(built) -> dict:
     from ..codegen.faults import empty_page
     from ..tuning.measure import FAULT_PAGE_PARAM, param_specs
 
-    fixed = {k: np.ascontiguousarray(v) for k, v in built.fixed_args().items()
+    # np.require keeps a 0-d argument 0-d (np.ascontiguousarray makes it 1-d)
+    fixed = {k: np.require(v, requirements="C") for k, v in built.fixed_args().items()
              if np.asarray(v).nbytes <= FIXED_MAX_BYTES}
     if any(name == FAULT_PAGE_PARAM for name, _, _ in param_specs(built.func)):
         fixed[FAULT_PAGE_PARAM] = empty_page()
