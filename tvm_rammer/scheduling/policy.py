@@ -501,7 +501,7 @@ class _Barriers:
         for veu in veu_of[op]:
             last[veu] = self.placed[veu]
             self.placed[veu] += 1
-        self.last_at[op] = None if len(last) > OP_WAIT_MIN_VEUS else last  # _waits_whole
+        self.last_at[op] = None if _waits_whole(veu_of[op]) else last
         return behind
 
 
