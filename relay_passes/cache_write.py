@@ -39,7 +39,20 @@ from .known_values import known_elements, static_shape
 SCATTER_ND = tvm.ir.Op.get("relax.scatter_nd")
 SCATTER_ELEMENTS = tvm.ir.Op.get("relax.scatter_elements")
 SHAPE_OF = tvm.ir.Op.get("relax.shape_of")
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 KERNEL_NAME = "cache_write"
+BESIDE_WRITE_ATTR = "rammer.beside_write"  # [[cache param, indices param], ...] of a PrimFunc
+
+
+def beside_write_params(func) -> list:
+    """``[(cache, indices), ...]``: parameter positions at which a PrimFunc reads a cache beside
+    a one-slot write of it at the slot its ``indices`` argument names, never reading that slot
+    from the cache (its :data:`BESIDE_WRITE_ATTR`; ``decode_attention_row`` makes such readers):
+    it computes the same before, during or after the write. [] for any other function."""
+    attrs = getattr(func, "attrs", None)
+    if attrs is None or BESIDE_WRITE_ATTR not in attrs:
+        return []
+    return [(int(c), int(i)) for c, i in attrs[BESIDE_WRITE_ATTR]]
 
 
 def slot_write(data: te.Tensor, indices: te.Tensor, updates: te.Tensor, axis: int, nd: bool,
@@ -182,15 +195,25 @@ def _leading_are_coordinates(indices, lookup, batch, data, axis):
 class _Uses(relax.PyExprVisitor):
     """How many times each variable is read in a function (its bindings' values, the body);
     ``shape_of`` reads no element and is not counted (the ONNX frontend takes the cache's shape
-    for its negative-index arithmetic)."""
+    for its negative-index arithmetic). A read by a ``call_tir`` of a PrimFunc that reads that
+    argument beside a one-slot write (:func:`beside_write_params`) is counted,
+    and also listed in ``beside[var]`` with the indices argument it names."""
 
-    def __init__(self):
+    def __init__(self, mod=None):
         super().__init__()
+        self.mod = mod
         self.count = {}
+        self.beside = {}
 
     def visit_call_(self, call):
         if isinstance(call.op, tvm.ir.Op) and call.op.same_as(SHAPE_OF):
             return
+        if call.op.same_as(CALL_TIR) and self.mod is not None \
+                and isinstance(call.args[0], tvm.ir.GlobalVar) and call.args[0] in self.mod.functions \
+                and isinstance(call.args[1], relax.Tuple):
+            args = call.args[1].fields
+            for cache, indices in beside_write_params(self.mod[call.args[0]]):
+                self.beside.setdefault(args[cache], []).append(args[indices])
         super().visit_call_(call)
 
     def visit_var_(self, var):
@@ -206,6 +229,7 @@ class _Rewriter(relax.PyExprMutator):
         super().__init__(mod)
         self.inplace = inplace
         self.uses = {}
+        self.beside = {}
         self.params = ()  # the current function's parameters: the only caches written in place
 
     def visit_call_(self, call):
@@ -215,8 +239,10 @@ class _Rewriter(relax.PyExprMutator):
         if spec is None:
             return call
         data = original.args[0]
+        beside = self.beside.get(data, [])  # readers that never read the slot written
         if self.inplace and any(data.same_as(p) for p in self.params) \
-                and self.uses.get(data) == 1:
+                and self.uses.get(data) == 1 + len(beside) \
+                and all(i.same_as(original.args[1]) for i in beside):
             func = slot_write_inplace(*(arg.ty for arg in call.args), **spec)
             gv = self.builder_.add_func(func, KERNEL_NAME + "_inplace")
             extent = static_shape(call.args[0].ty)[spec["axis"]]
@@ -244,8 +270,9 @@ class CacheSlotWrite:
         rewriter = _Rewriter(mod, self.inplace)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                uses = _Uses()
+                uses = _Uses(mod)
                 uses.visit_expr(func)
                 rewriter.uses, rewriter.params = uses.count, tuple(func.params)
+                rewriter.beside = uses.beside
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return rewriter.builder_.get()

@@ -34,6 +34,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from .cache_write import beside_write_params
+
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 EXTERN_CALL_OPS = ("relax.call_dps_packed", "relax.call_pure_packed", "relax.call_packed")
@@ -291,7 +293,7 @@ class _GraphBuilder:
                 outputs += self._resolve(b.var)
         for leaf in _leaf_vars(self.func.body.body):
             outputs += self._resolve(leaf)
-        _check_inplace(nodes, set(outputs))
+        _check_inplace(nodes, set(outputs), self.mod)
         return DataflowGraph(self.func, self.mod, self.block, nodes, set(outputs), self.tensor_of)
 
     def _resolve(self, expr):
@@ -396,17 +398,20 @@ class _GraphBuilder:
         return self._kernels[node.gvar]
 
 
-def _check_inplace(nodes, graph_outputs):
+def _check_inplace(nodes, graph_outputs, mod=None):
     """A placeable call_tir_inplace stays placeable only when each tensor it writes into is a
     function parameter that no other binding reads and that does not leave the block itself: in
     an rProgram nothing may read the old contents after the write, and the old tensor must not
-    be anyone's result."""
+    be anyone's result. A call_tir whose PrimFunc reads it only beside the write
+    (``cache_write.beside_write_params``: never the slot written, the same result before, during
+    or after it) is no such reader."""
     for node in nodes:
         if node.kind != "call_tir_inplace" or not node.placeable:
             continue
         for k in node.inplace:
             written = node.inputs[k]
-            others = [n for n in nodes if n.index != node.index and written in n.inputs]
+            others = [n for n in nodes if n.index != node.index and written in n.inputs
+                      and not _reads_beside(n, written, mod)]
             if written.producer is not None or written.is_constant:
                 why = "writes in place into a tensor that is not a function parameter"
             elif others or written in graph_outputs or node.inputs.count(written) > 1:
@@ -415,6 +420,16 @@ def _check_inplace(nodes, graph_outputs):
                 continue
             node.placeable, node.reason = False, why
             break
+
+
+def _reads_beside(node, tensor, mod) -> bool:
+    """Whether ``node`` (a call_tir) reads ``tensor`` only at parameters its PrimFunc reads beside
+    a one-slot write (``cache_write.beside_write_params``)."""
+    if node.kind != "call_tir" or mod is None or node.gvar not in mod.functions:
+        return False
+    beside = {cache for cache, _ in beside_write_params(mod[node.gvar])}
+    at = [p for p, t in enumerate(node.inputs) if t == tensor]
+    return bool(beside) and all(p in beside for p in at)
 
 
 def has_tir_vars(call):

@@ -23,6 +23,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from relay_passes import decode_attention as pass_module
+from relay_passes import decode_attention_row as row_module
 from relay_passes.decode_attention import DecodeAttentionSplit
 from tir_templates import decode_attention as da
 from tir_templates.decode_attention import (DecodeAttentionRule, DecodeAttentionShape,
@@ -746,6 +747,13 @@ def _feeds(model, position, seed=1):
     return feeds
 
 
+def _shift_bound(monkeypatch, make, shift=1):
+    """Every partial the passes make (DecodeAttentionSplit's, DecodeAttentionStepRow's) with its
+    slot bound moved by ``shift`` (the negative control)."""
+    for module in (pass_module, row_module):
+        monkeypatch.setattr(module, "partial_func", lambda shape: make(shape, bound_shift=shift))
+
+
 def _llvm_vm(model, monkeypatch=None, shift=0, mixed=False):
     """The model imported (``mixed``: then ToMixedPrecision, as ``precision="float16"`` runs it),
     DecodeAttentionSplit (``shift``: the slot bound moved), the kernels' thread loops serial,
@@ -871,8 +879,7 @@ def test_reduced_decoder_on_the_emulator_matches_onnxruntime(name, monkeypatch):
     for p in (0, 6, REDUCED[name]["max_len"] - 1):
         assert max(errors(build, p)) <= 1e-4, p
     if name == "gpt2_decode":
-        monkeypatch.setattr(pass_module, "partial_func",
-                            lambda shape: partial_func(shape, bound_shift=1))
+        _shift_bound(monkeypatch, partial_func)
         assert errors(emulator.emulation_build(model, config=config), 6)[0] > 1e-3
 
 
@@ -902,8 +909,7 @@ def test_reduced_float16_decoder_on_the_emulator_matches_onnxruntime(name, monke
     for p in (0, 6, REDUCED[name]["max_len"] - 1):
         assert max(errors(build, p)) <= 2e-2, p
     if name == "gpt2_decode":
-        monkeypatch.setattr(pass_module, "partial_func",
-                            lambda shape: partial_func(shape, bound_shift=1))
+        _shift_bound(monkeypatch, partial_func)
         assert errors(emulator.emulation_build(model, config=config), 6)[0] > 5e-2
 
 
@@ -941,6 +947,5 @@ def test_warp_layout_in_the_rammer_pipeline_on_the_emulator_matches_onnxruntime(
     assert [(s.warps, s.chunk, s.chunks) for s in made] == [(2, 4, 4)]
     for p in (0, 6, params["max_len"] - 1):
         assert max(errors(build, p)) <= 1e-4, p
-    monkeypatch.setattr(pass_module, "partial_func",
-                        lambda shape: real(shape, bound_shift=1))
+    _shift_bound(monkeypatch, real)
     assert errors(emulator.emulation_build(model, config=config), 6)[0] > 1e-3

@@ -98,13 +98,25 @@ class DecodeAttentionShape:
     out_dtype: str = "float32"
     warps: int = 0
     out_layout: str = ""
+    q_row: int = 0
+    q_off: int = 0
+    kv_row: int = 0
+    k_off: int = 0
+    v_off: int = 0
+    idx_rank: int = 4
+    idx_dtype: str = "int64"
 
     def __post_init__(self):
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         if min(self.batch, self.heads, self.kv_heads, self.max_len, self.head_dim,
                self.chunk) < 1 or self.heads % self.kv_heads or self.pos_len not in (0, 1) \
                 or {self.q_dtype, self.kv_dtype, self.out_dtype} - set(FLOATS) \
                 or self.warps < 0 or (self.warps and self.head_dim % 32) \
-                or self.out_layout not in OUT_LAYOUTS:
+                or self.out_layout not in OUT_LAYOUTS \
+                or min(self.q_row, self.q_off, self.kv_row, self.k_off, self.v_off) < 0 \
+                or (self.q_row and self.q_off + q_width > self.q_row) \
+                or (self.kv_row and max(self.k_off, self.v_off) + kv_width > self.kv_row) \
+                or self.idx_rank not in (3, 4) or self.idx_dtype not in ("int32", "int64"):
             raise ValueError(f"decode attention: invalid shape {self}")
 
     @property
@@ -116,13 +128,31 @@ class DecodeAttentionShape:
                                           self.head_dim, self.chunk, repr(self.scale),
                                           int(self.divide), self.pos_len, self.q_dtype,
                                           self.kv_dtype, self.out_dtype, self.warps,
-                                          self.out_layout))
+                                          self.out_layout, self.q_row, self.q_off, self.kv_row,
+                                          self.k_off, self.v_off, self.idx_rank,
+                                          self.idx_dtype))
 
     @classmethod
     def decode(cls, text: str) -> "DecodeAttentionShape":
         b, h, kv, L, d, c, s, div, p, qt, kvt, ot, *rest = str(text).split(",")
+        rows = [int(x) for x in rest[2:8]] + rest[8:9]
         return cls(int(b), int(h), int(kv), int(L), int(d), int(c), float(s), bool(int(div)),
-                   int(p), qt, kvt, ot, int(rest[0]) if rest else 0, *rest[1:2])
+                   int(p), qt, kvt, ot, int(rest[0]) if rest else 0, *rest[1:2], *rows)
+
+    @property
+    def q_buffer_shape(self) -> tuple:
+        """The partial's ``q`` parameter: ``[B, H, 1, D]``, or the row ``[B, 1, q_row]`` it is a
+        view of (``q_row``: one token's q at ``q_off``, head h's dims at ``q_off + h * D``)."""
+        if self.q_row:
+            return (self.batch, 1, self.q_row)
+        return (self.batch, self.heads, 1, self.head_dim)
+
+    @property
+    def idx_shape(self) -> tuple:
+        """A cache write's indices (ScatterND's, ``kv_row`` only): ``[B, Hkv, 1, 3]`` or
+        ``[B, Hkv, 3]``, component 2 the slot written for (b, kv head)."""
+        lead = (self.batch, self.kv_heads) + ((1,) if self.idx_rank == 4 else ())
+        return lead + (3,)
 
     @property
     def out_shape(self) -> tuple:
@@ -189,6 +219,61 @@ def _slot_threads(shape) -> tuple:
                  if t == 32 or (t <= shape.chunk and t * (shape.head_dim + 2) * 4 <= SHARED_LIMIT))
 
 
+ROW_PARAMS = ("row", "kidx", "vidx")  # the partial's parameters that only ``kv_row`` has
+
+
+def _q_at(shape, q, b, h, d):
+    """``q[b, h, 0, d]`` of the partial's ``q`` parameter (``q_row``: of the row it views)."""
+    if shape.q_row:
+        return q[b, 0, shape.q_off + h * shape.head_dim + d]
+    return q[b, h, 0, d]
+
+
+def _written_slot(shape, idx, b, g):
+    """The slot (int64) the step's in-place write stores (b, kv head ``g``) at, normalized as it
+    normalizes it (a negative index plus ``max_len``; out of ``[0, max_len)`` it writes nothing
+    and no slot equals it); -1 without ``kv_row``."""
+    if not shape.kv_row:
+        return T.int64(-1)
+    i = T.Cast("int64", idx[(b, g, 0, 2) if shape.idx_rank == 4 else (b, g, 2)])
+    return T.Select(i < T.int64(0), i + T.int64(shape.max_len), i)
+
+
+def _kv_at(shape, cache, row, off, written, b, g, slot, d):
+    """float32 of ``cache[b, g, slot, d]``; with ``kv_row``, at the slot the step writes
+    (``written``), the row's element the write stores there instead (``row[b, 0, off + g * D +
+    d]``): the cache is read beside its write, never waiting for it."""
+    value = _f32(cache[b, g, slot, d], shape.kv_dtype)
+    if not shape.kv_row:
+        return value
+    new = _f32(row[b, 0, off + g * shape.head_dim + d], shape.kv_dtype)
+    return T.if_then_else(T.Cast("int64", slot) == written, new, value)
+
+
+def _partial_reads(shape, q, k, v, pos, row, kidx, vidx):
+    """The regions the partial's SBlock reads: q's heads, the whole K and V (the worst case,
+    module docstring), the position; with ``kv_row`` the row's k and v and the indices."""
+    B, H, KV, L, D = shape.batch, shape.heads, shape.kv_heads, shape.max_len, shape.head_dim
+    reads = [q[0:B, 0, shape.q_off:shape.q_off + H * D] if shape.q_row else q[0:B, 0:H, 0, 0:D],
+             k[0:B, 0:KV, 0:L, 0:D], v[0:B, 0:KV, 0:L, 0:D],
+             pos[()] if not shape.pos_len else pos[0:1]]
+    if shape.kv_row:
+        lo, hi = min(shape.k_off, shape.v_off), max(shape.k_off, shape.v_off) + KV * D
+        reads += [row[0:B, 0, lo:hi], kidx[tuple(slice(0, n) for n in shape.idx_shape)],
+                  vidx[tuple(slice(0, n) for n in shape.idx_shape)]]
+    return reads
+
+
+def _finish_partial(func, shape):
+    """The parsed partial with its attributes, without the row parameters where the shape has no
+    ``kv_row`` (its body never reads them)."""
+    if not shape.kv_row:
+        func = tirx.PrimFunc([p for p in func.params if p.name not in ROW_PARAMS], func.body,
+                             func.ret_type, func.attrs)
+    return func.without_attr("global_symbol").with_attrs({  # named by the module it joins
+        "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
+
+
 def partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
                  bound_shift: int = 0) -> tirx.PrimFunc:
     """Phase 1 (module docstring), the default version when ``threads`` is None: a warp per slot
@@ -222,33 +307,38 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
     scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
     shift = int(bound_shift)
     QT, KT = shape.q_dtype, shape.kv_dtype
+    QS, IS, IT, RW = shape.q_buffer_shape, shape.idx_shape, shape.idx_dtype, max(shape.kv_row, 1)
+    KO, VO = shape.k_off, shape.v_off
     full = 0xFFFFFFFF
 
     def pos_load(pos):
         return pos[0] if P else pos[()]
 
     @T.prim_func(s_tir=True)
-    def partial(q: T.Buffer((B, H, 1, D), QT), k: T.Buffer((B, KV, L, D), KT),
+    def partial(q: T.Buffer(QS, QT), k: T.Buffer((B, KV, L, D), KT),
                 v: T.Buffer((B, KV, L, D), KT), pos: T.Buffer(P, "int64"),
+                row: T.Buffer((B, 1, RW), KT), kidx: T.Buffer(IS, IT), vidx: T.Buffer(IS, IT),
                 part: T.Buffer((B, H, NC, D + 2), "float32")):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(B * H * NC, thread="blockIdx.x"):
             state = T.sblock_alloc_buffer((W, D + 2), "float32", scope="shared")
             for tx in T.thread_binding(TH, thread="threadIdx.x"):
                 with T.sblock("partial"):
-                    T.reads(q[0:B, 0:H, 0, 0:D], k[0:B, 0:KV, 0:L, 0:D],
-                            v[0:B, 0:KV, 0:L, 0:D], pos[()] if not P else pos[0:1])
+                    T.reads(*_partial_reads(shape, q, k, v, pos, row, kidx, vidx))
                     T.writes(state[0:W, 0:D + 2])
                     m = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     ls = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     acc = T.sblock_alloc_buffer((DL,), "float32", scope="local")
                     qv = T.sblock_alloc_buffer((DL,), "float32", scope="local")
                     sc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    ws = T.sblock_alloc_buffer((2,), "int64", scope="local")
                     b = task // (H * NC)
                     h = task // NC % H
                     c = task % NC
                     w = tx // 32
                     lane = tx % 32
+                    ws[0] = _written_slot(shape, kidx, b, h // G)
+                    ws[1] = _written_slot(shape, vidx, b, h // G)
                     lim, use = _limit(pos_load(pos), L)
                     start = c * C
                     end = T.max(T.min(start + C, lim + shift), start)
@@ -256,13 +346,14 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
                     ls[0] = T.float32(0)
                     for i in range(DL):
                         acc[i] = T.float32(0)
-                        qv[i] = _f32(q[b, h, 0, lane + i * 32], QT)
+                        qv[i] = _f32(_q_at(shape, q, b, h, lane + i * 32), QT)
                     for j in range(per_warp):
                         slot = start + w + j * W
                         if slot < end:  # the same for the warp's 32 lanes: no divergence
                             sc[0] = T.float32(0)
                             for i in range(DL):
-                                sc[0] = sc[0] + qv[i] * _f32(k[b, h // G, slot, lane + i * 32], KT)
+                                sc[0] = sc[0] + qv[i] * _kv_at(shape, k, row, KO, ws[0], b,
+                                                               h // G, slot, lane + i * 32)
                             for o in T.unroll(5):
                                 sc[0] = sc[0] + T.tvm_warp_shuffle_xor(
                                     T.uint32(full), sc[0], T.shift_right(16, o), 32, 32)
@@ -275,8 +366,8 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
                             pe = T.exp(sc[0] - mn)
                             ls[0] = ls[0] * corr + pe
                             for i in range(DL):
-                                acc[i] = acc[i] * corr + pe * _f32(
-                                    v[b, h // G, slot, lane + i * 32], KT)
+                                acc[i] = acc[i] * corr + pe * _kv_at(
+                                    shape, v, row, VO, ws[1], b, h // G, slot, lane + i * 32)
                             m[0] = mn
                     if lane == 0:
                         state[w, 0] = m[0]
@@ -303,8 +394,7 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
                                     state[t, 0] - mx[0])
                             part[b, h, c, tx + i * TH] = T.Select(tx + i * TH == 0, mx[0],
                                                                   sm[0])
-    return partial.without_attr("global_symbol").with_attrs({  # named by the module it joins
-        "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
+    return _finish_partial(partial, shape)
 
 
 def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None, group: int = 1,
@@ -324,13 +414,16 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
     scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
     shift = int(bound_shift)
     QT, KT = shape.q_dtype, shape.kv_dtype
+    QS, IS, IT, RW = shape.q_buffer_shape, shape.idx_shape, shape.idx_dtype, max(shape.kv_row, 1)
+    KO, VO = shape.k_off, shape.v_off
 
     def pos_load(pos):
         return pos[0] if P else pos[()]
 
     @T.prim_func(s_tir=True)
-    def partial(q: T.Buffer((B, H, 1, D), QT), k: T.Buffer((B, KV, L, D), KT),
+    def partial(q: T.Buffer(QS, QT), k: T.Buffer((B, KV, L, D), KT),
                 v: T.Buffer((B, KV, L, D), KT), pos: T.Buffer(P, "int64"),
+                row: T.Buffer((B, 1, RW), KT), kidx: T.Buffer(IS, IT), vidx: T.Buffer(IS, IT),
                 part: T.Buffer((B, H, NC, D + 2), "float32")):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(tasks, thread="blockIdx.x"):
@@ -338,16 +431,18 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
             for gi in range(group):
                 for tx in T.thread_binding(TH, thread="threadIdx.x"):
                     with T.sblock("partial"):
-                        T.reads(q[0:B, 0:H, 0, 0:D], k[0:B, 0:KV, 0:L, 0:D],
-                                v[0:B, 0:KV, 0:L, 0:D], pos[()] if not P else pos[0:1])
+                        T.reads(*_partial_reads(shape, q, k, v, pos, row, kidx, vidx))
                         T.writes(state[tx, 0:D + 2])
                         m = T.sblock_alloc_buffer((1,), "float32", scope="local")
                         ls = T.sblock_alloc_buffer((1,), "float32", scope="local")
                         acc = T.sblock_alloc_buffer((D,), "float32", scope="local")
                         sc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        ws = T.sblock_alloc_buffer((2,), "int64", scope="local")
                         b = task // (H * (NC // group))
                         h = task // (NC // group) % H
                         c = task % (NC // group) * group + gi
+                        ws[0] = _written_slot(shape, kidx, b, h // G)
+                        ws[1] = _written_slot(shape, vidx, b, h // G)
                         lim, use = _limit(pos_load(pos), L)
                         start = c * C
                         end = T.max(T.min(start + C, lim + shift), start)
@@ -360,8 +455,8 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
                             if slot < end:
                                 sc[0] = T.float32(0)
                                 for d in range(D):
-                                    sc[0] = sc[0] + _f32(q[b, h, 0, d], QT) * _f32(
-                                        k[b, h // G, slot, d], KT)
+                                    sc[0] = sc[0] + _f32(_q_at(shape, q, b, h, d), QT) * _kv_at(
+                                        shape, k, row, KO, ws[0], b, h // G, slot, d)
                                 if divide:
                                     sc[0] = sc[0] / T.float32(scale) * use
                                 else:
@@ -371,8 +466,8 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
                                 pe = T.exp(sc[0] - mn)
                                 ls[0] = ls[0] * corr + pe
                                 for d in range(D):
-                                    acc[d] = acc[d] * corr + pe * _f32(v[b, h // G, slot, d],
-                                                                       KT)
+                                    acc[d] = acc[d] * corr + pe * _kv_at(
+                                        shape, v, row, VO, ws[1], b, h // G, slot, d)
                                 m[0] = mn
                         state[tx, 0] = m[0]
                         state[tx, 1] = ls[0]
@@ -398,8 +493,7 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
                                         state[t, 0] - mx[0])
                                 part[b, h, c, tx + i * TH] = T.Select(tx + i * TH == 0, mx[0],
                                                                       sm[0])
-    return partial.without_attr("global_symbol").with_attrs({  # named by the module it joins
-        "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
+    return _finish_partial(partial, shape)
 
 
 def combine_func(shape: DecodeAttentionShape, threads: int | None = None) -> tirx.PrimFunc:

@@ -31,6 +31,7 @@ def _config(args) -> RammerConfig:
                         split_k=not args.no_split_k,
                         norm_fusion=not args.no_norm_fusion,
                         inplace_cache=not args.no_inplace_cache,
+                        attention_row=not args.no_attention_row,
                         check_unmeasured=not args.no_unmeasured_check,
                         rkernel_functions=not args.no_rkernel_functions,
                         prefetch_weights=not args.no_prefetch_weights,
@@ -140,6 +141,10 @@ def _add_common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("--no-inplace-cache", action="store_true",
                    help="copy a decode step's KV caches whole (select over the cache) instead of "
                         "writing the slot in place (RammerConfig.inplace_cache)")
+    p.add_argument("--no-attention-row", action="store_true",
+                   help="let a decode attention read the written KV caches (waiting for the "
+                        "writes) instead of the projection's row beside them "
+                        "(RammerConfig.attention_row)")
     p.add_argument("--no-unmeasured-check", action="store_true",
                    help="build every rProgram even when nothing is measured and the estimate says "
                         "TVM's default kernels would be faster (RammerConfig.check_unmeasured)")

@@ -170,6 +170,11 @@ class RammerConfig:
         head instead of copying every cache (GPT-2 small fp32: 75.5 MB read and written per
         step). False: the copying form ``select(slot == position, update, cache)`` over the
         whole cache (the caller's caches are left unchanged).
+    attention_row: a decode attention whose q, k and v are views of one projection row (GPT-2's
+        fused QKV split into heads) reads them from that row, and its KV caches as they were
+        beside their one-slot writes (``relay_passes.decode_attention_row``): it waits for the
+        projection only, not for the cache writes (one dependent step and barrier-rTask less per
+        layer; the writes still happen, in place, beside it). False: it reads the written caches.
     weights: "embedded" (default): the model's weights are constants of the library. "apart": an
         ONNX model is imported with its initializers as parameters, the weight rewrites (batch
         norm folding, W's row blocks, stacked weights, interleaved columns, constant folding) are
@@ -217,6 +222,7 @@ class RammerConfig:
     prefetch_weights: bool = True
     prefetch_lookahead: int = 4
     inplace_cache: bool = True
+    attention_row: bool = True
 
     def __post_init__(self):
         if self.max_rtask_threads not in (32, 64, 128, 256, 512, 1024):

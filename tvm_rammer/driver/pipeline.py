@@ -32,6 +32,7 @@ from relay_passes.batch_shared_matmuls import BatchSharedWeightMatMuls
 from relay_passes.branch_fusion import BranchPreservingFusion
 from relay_passes.cache_write import CacheSlotWrite
 from relay_passes.decode_attention import DecodeAttentionSplit
+from relay_passes.decode_attention_row import DecodeAttentionStepRow
 from relay_passes.float16_accumulate import Float16Accumulation, ToMixedPrecisionChecked
 from relay_passes.fold_batch_norm import FoldBatchNormToConvBias
 from relay_passes.fold_constant_ops import FoldConstantOps
@@ -130,6 +131,7 @@ def graph_passes(config: RammerConfig, split_k: list | tuple = (),
         *inference_passes(),                           # BatchNorm folded/decomposed: no split rPrograms
         *mixed_precision_passes(config),               # float16: after BN folding (in fp32), before legalizing
         decode_attention or DecodeAttentionSplit(),    # after ToMixedPrecision (it rejects call_tir)
+        *([DecodeAttentionStepRow()] if config.attention_row else []),  # q, k, v from the row
         SplitToSlices(),                               # one kernel per part: parts become rTasks
         *split_matmul,                                 # high-level ops; FoldConstant folds 0 @ W_h
         FoldConstantOps(),                             # bias reshapes, BN scales, casts: numpy, no kernel builds

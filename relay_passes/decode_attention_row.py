@@ -1,0 +1,245 @@
+"""DecodeAttentionStepRow: the decode attention reads the step's own q, k and v from the projection's
+row, and the KV caches beside their writes, so it waits for the projection only.
+
+After ``DecodeAttentionSplit`` a GPT-2-style layer is, per step (one token)::
+
+    row  = x @ W_qkv + b                                   [B, 1, N]
+    q, k, v = split(row, axis=-1)   (or strided_slice)     one token's heads, each [B, 1, H * D]
+    q4   = permute_dims(reshape(q, [B, 1, H, D]), [0, 2, 1, 3])        (same for k4, v4)
+    K    = scatter_nd(Kc, kidx, k4)                         Kc a parameter: the cache, slot p
+    V    = scatter_nd(Vc, vidx, v4)
+    part = call_tir(decode_attention_partial, [q4, K, V, pos])
+
+so the partial waits for the cache writes, which wait for the row: one dependent step (and a
+barrier-rTask) more per layer than the data needs. Here the partial becomes
+``call_tir(partial', [row, Kc, Vc, pos, row, kidx, vidx])``
+(``tir_templates.decode_attention``'s ``q_row`` / ``kv_row``): it reads q from the row, the caches
+as they were, and at the slot each write stores (``kidx``'s, normalized as the write normalizes
+it) the row's k / v instead. The writes stay (they are ``main``'s results) but nothing waits for
+them; ``CacheSlotWrite`` still writes in place: the partial's PrimFunc declares the caches it
+reads beside a write (``cache_write.BESIDE_WRITE_ATTR``), which it and ``DataflowGraph`` accept as the
+cache's one other reader. Whether the partial runs before, after or beside a write, it computes
+the same: the one slot that changes is never read from the cache.
+
+What is proven, each piece from the graph:
+
+* a view: ``x`` [B, h, 1, D] is ``permute_dims(reshape(part, [B, 1, h, D]), [0, 2, 1, 3])`` or
+  ``reshape(part, [B, h, 1, D])`` of ``part`` [B, 1, h * D], which is item ``i`` of a ``split`` of
+  a row [B, 1, N] along its last axis or a ``strided_slice`` of it on that axis (step 1): element
+  ``(b, j, 0, d)`` is ``row[b, 0, offset + j * D + d]`` (one token: the axes of length 1 move,
+  the elements keep their order);
+* a cache write: ``scatter_nd(Kc, kidx, k4)`` that ``CacheSlotWrite`` makes a one-slot write along
+  axis 2 (``match_slot_write``: indices ``[B, Hkv, 1, 3]`` or ``[B, Hkv, 3]``, components 0 and 1
+  proven to be (b, kv head)), ``Kc`` a parameter of the function, ``k4`` a view of the row;
+* K and V written from views of ONE row, of the cache's dtype, no cast between (q may be a view of
+  it or stay a tensor).
+
+Declined (the call left as it is): anything else, e.g. a rotary embedding between the projection
+and the cache (Llama: k is no view), a GQA repeat of the written cache (the partial reads a
+repeat's source only when it is a cache parameter), casts. Input: Relax with high-level ops, after
+``DecodeAttentionSplit``, before ``SplitToSlices`` and ``CacheSlotWrite``. Output: the same
+computation.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import relax
+
+from tir_templates.decode_attention import KIND_ATTR, DecodeAttentionShape, partial_func
+
+from .cache_write import BESIDE_WRITE_ATTR, match_slot_write
+from .known_values import static_shape
+from .unused_bindings import remove_unused_bindings
+
+__all__ = ["DecodeAttentionStepRow"]
+
+_PARAMS_ATTR = "rammer.decode_attention_params"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
+    "permute_dims", "reshape", "split", "strided_slice", "scatter_nd")}
+
+
+def _is_op(expr, name):
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.same_as(_OPS[name]))
+
+
+def _shape(expr):
+    shape = static_shape(expr.ty)
+    return None if shape is None else list(shape)
+
+
+def _ints(values):
+    """Ints of a Relax Tuple of PrimValues / an Array of IntImms, or None when one is symbolic."""
+    items = getattr(values, "fields", values)
+    out = []
+    for item in items:
+        value = getattr(item, "value", item)
+        if not isinstance(value, (int, tvm.tirx.IntImm)):
+            return None
+        out.append(int(value))
+    return out
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Rewrites every partial call that reads views of one row through its caches' writes."""
+
+    def __init__(self, mod, params=()):
+        super().__init__(mod)
+        self.mod = mod
+        self.params = params
+        self.rewrites = 0
+
+    def _bound(self, expr, name):
+        if not isinstance(expr, relax.Var):
+            return None
+        value = self.lookup_binding(expr)
+        return value if _is_op(value, name) else None
+
+    def _part_of_row(self, part, width):
+        """(row, offset) when ``part`` [B, 1, width] is a split item or a slice of a row [B, 1,
+        N] along its last axis; else None."""
+        value = self.lookup_binding(part) if isinstance(part, relax.Var) else None
+        if isinstance(value, relax.TupleGetItem):
+            split = self._bound(value.tuple_value, "split")
+            if split is None:
+                return None
+            row = split.args[0]
+            shape = _shape(row)
+            if shape is None or len(shape) != 3 or int(split.attrs.axis) not in (2, -1):
+                return None
+            sections = split.attrs.indices_or_sections
+            if isinstance(sections, tvm.tirx.IntImm):
+                n = int(sections)
+                if n < 1 or shape[2] % n:
+                    return None
+                bounds = [shape[2] // n * j for j in range(n + 1)]
+            else:
+                cuts = _ints(sections)
+                if cuts is None:
+                    return None
+                bounds = [0] + [min(max(c, 0), shape[2]) for c in cuts] + [shape[2]]
+            j = int(value.index)
+            if not 0 <= j < len(bounds) - 1 or bounds[j + 1] - bounds[j] != width:
+                return None
+            return row, bounds[j]
+        if _is_op(value, "strided_slice") and len(value.args) in (4, 5):
+            row = value.args[0]
+            shape = _shape(row)
+            axes, begin, end = (_ints(a) for a in value.args[1:4])
+            strides = _ints(value.args[4]) if len(value.args) == 5 else [1]
+            if shape is None or len(shape) != 3 or None in (axes, begin, end, strides) \
+                    or len(axes) != 1 or axes[0] not in (2, -1) or strides != [1] \
+                    or not 0 <= begin[0] < shape[2]:
+                return None
+            return (row, begin[0]) if min(end[0], shape[2]) - begin[0] == width else None
+        return None
+
+    def _view(self, x, heads, dim):
+        """(row, offset) when ``x`` [B, heads, 1, dim] is one token's heads viewed from a row
+        (module docstring); else None."""
+        shape = _shape(x)
+        if shape is None or len(shape) != 4 or shape[1:] != [heads, 1, dim]:
+            return None
+        batch = shape[0]
+        perm = self._bound(x, "permute_dims")
+        if perm is not None:
+            if perm.attrs.axes is None or _ints(perm.attrs.axes) != [0, 2, 1, 3]:
+                return None
+            x, want = perm.args[0], [batch, 1, heads, dim]
+        else:
+            want = [batch, heads, 1, dim]
+        reshape = self._bound(x, "reshape")
+        if reshape is None or _shape(x) != want:
+            return None
+        part = reshape.args[0]
+        if _shape(part) != [batch, 1, heads * dim] or part.ty.dtype != x.ty.dtype:
+            return None
+        return self._part_of_row(part, heads * dim)
+
+    def _write(self, cache, shape):
+        """(cache parameter, indices, row, offset) when ``cache`` is a one-slot write along axis
+        2 of a parameter with a view of a row; else None."""
+        scatter = self._bound(cache, "scatter_nd")
+        if scatter is None or not any(scatter.args[0].same_as(p) for p in self.params):
+            return None
+        spec = match_slot_write(scatter, self.lookup_binding)
+        if spec is None or spec["axis"] != 2 or not spec["nd"]:
+            return None
+        indices = scatter.args[1]
+        want = [shape.batch, shape.kv_heads] + ([1] if spec["kept_one"] else []) + [3]
+        if _shape(indices) != want or str(indices.ty.dtype) not in ("int32", "int64"):
+            return None
+        view = self._view(scatter.args[2], shape.kv_heads, shape.head_dim)
+        if view is None:
+            return None
+        return scatter.args[0], indices, view[0], view[1], 4 if spec["kept_one"] else 3
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)
+                and isinstance(call.args[0], tvm.ir.GlobalVar)
+                and call.args[0] in self.mod.functions and len(call.args[1].fields) == 4):
+            return call
+        func = self.mod[call.args[0]]
+        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None \
+                or str(func.attrs.get(KIND_ATTR, "")) != "partial":
+            return call
+        shape = DecodeAttentionShape.decode(func.attrs[_PARAMS_ATTR])
+        if shape.kv_row or shape.q_row:
+            return call
+        q, k, v, pos = call.args[1].fields
+        kw, vw = self._write(k, shape), self._write(v, shape)
+        if kw is None or vw is None or not kw[2].same_as(vw[2]) or kw[4] != vw[4] \
+                or str(kw[1].ty.dtype) != str(vw[1].ty.dtype) \
+                or str(kw[2].ty.dtype) != shape.kv_dtype:
+            return call
+        row = kw[2]
+        fields = dict(kv_row=_shape(row)[2], k_off=kw[3], v_off=vw[3], idx_rank=kw[4],
+                      idx_dtype=str(kw[1].ty.dtype))
+        q_view = self._view(q, shape.heads, shape.head_dim)
+        if q_view is not None and str(q_view[0].ty.dtype) == shape.q_dtype:
+            q = q_view[0]
+            fields.update(q_row=_shape(q)[2], q_off=q_view[1])
+        new = dataclasses.replace(shape, **fields)
+        gv = self.builder_.add_func(
+            partial_func(new).with_attr(BESIDE_WRITE_ATTR, [[1, 5], [2, 6]]),
+            "decode_attention_partial")
+        self.rewrites += 1
+        return relax.call_tir(gv, [q, kw[0], vw[0], pos, row, kw[1], vw[1]], call.ty)
+
+
+@tvm.transform.module_pass(opt_level=0, name="DecodeAttentionStepRow")
+class DecodeAttentionStepRow:
+    """Make each decode attention partial read the step's q, k, v from the projection's row and
+    the caches beside their writes (module docstring). Run after ``DecodeAttentionSplit``, before
+    ``SplitToSlices`` and ``CacheSlotWrite``."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        rewriter = _Rewriter(mod)
+        changed = False
+        for gv, func in mod.functions_items():
+            if not isinstance(func, relax.Function):
+                continue
+            rewriter.params = tuple(func.params)
+            before = rewriter.rewrites
+            new = rewriter.visit_expr(func)
+            if rewriter.rewrites > before:
+                rewriter.builder_.update_func(gv, remove_unused_bindings(new))
+                changed = True
+        return _without_uncalled_partials(rewriter.builder_.get()) if changed else mod
+
+
+def _without_uncalled_partials(mod):
+    """``mod`` without the partial PrimFuncs no Relax function calls any more (those replaced)."""
+    called = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            called.update(relax.analysis.all_global_vars(func))
+    keep = {gv: f for gv, f in mod.functions_items()
+            if gv in called or not isinstance(f, tvm.tirx.PrimFunc) or f.attrs is None
+            or str(f.attrs.get(KIND_ATTR, "")) != "partial"}
+    return tvm.IRModule(keep, attrs=mod.attrs, global_infos=mod.global_infos)

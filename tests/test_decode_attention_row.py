@@ -1,0 +1,235 @@
+"""DecodeAttentionStepRow: the partial reads q, k, v from the QKV row and the caches beside their
+writes (relay_passes/decode_attention_row.py, the kernels' ``q_row`` / ``kv_row``)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import onnx_builders as ob
+from relay_passes.cache_write import BESIDE_WRITE_ATTR, CacheSlotWrite, beside_write_params
+from relay_passes.dataflow_graph import DataflowGraph
+from relay_passes.decode_attention import DecodeAttentionSplit
+from relay_passes.decode_attention_row import DecodeAttentionStepRow
+from tir_templates.decode_attention import (DecodeAttentionShape, combine_func, partial_versions,
+                                            reference)
+from tir_templates.serial_run import serial_threads
+from tvm_rammer.models import REDUCED, get_model
+
+SHAPE = DecodeAttentionShape(2, 4, 2, 16, 8, 4, 4.0, True)  # GQA, chunks pair up
+
+
+def _partial_calls(mod):
+    """(callee PrimFunc, args) of every partial call in main."""
+    found = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+                    and value.op.name == "relax.call_tir":
+                func = mod[value.args[0]]
+                if func.attrs is not None and str(func.attrs.get("rammer.decode_attention",
+                                                                 "")) == "partial":
+                    found.append((func, list(value.args[1].fields)))
+    return found
+
+
+def _rewritten(name, **params):
+    from tvm_rammer.driver.frontend import import_onnx
+
+    mod = DecodeAttentionSplit()(import_onnx(get_model(name, **params)))
+    return mod, DecodeAttentionStepRow()(mod)
+
+
+def test_gpt2s_partial_reads_the_qkv_row_and_the_cache_parameters():
+    """Each layer's partial: (row, Kc, Vc, pos, row, kidx, vidx), the row the split's input
+    [1, 1, 3 d], q at 0, k at d, v at 2 d, the caches main's parameters (not the scatters), the
+    indices those of the layer's scatters; the reads beside the writes declared."""
+    params = REDUCED["gpt2_decode"]
+    before, after = _rewritten("gpt2_decode", **params)
+    calls = _partial_calls(after)
+    assert len(calls) == params["layers"] == len(_partial_calls(before))
+    d = params["d_model"]
+    names = {p.name for p in after["main"].params}
+    for func, args in calls:
+        shape = DecodeAttentionShape.decode(func.attrs["rammer.decode_attention_params"])
+        assert (shape.q_row, shape.q_off, shape.kv_row, shape.k_off, shape.v_off) == \
+            (3 * d, 0, 3 * d, d, 2 * d)
+        assert len(args) == 7 and args[0].same_as(args[4])
+        assert [int(x) for x in args[0].ty.shape] == [1, 1, 3 * d]
+        assert args[1].name in names and args[2].name in names
+        assert beside_write_params(func) == [(1, 5), (2, 6)]
+    scatters = [b.value for block in after["main"].body.blocks for b in block.bindings
+                if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+                and b.value.op.name == "relax.scatter_nd"]
+    assert len(scatters) == 2 * params["layers"]  # the writes stay: main's results
+    written = {(s.args[0].name, s.args[1]) for s in scatters}
+    for _, args in calls:
+        assert (args[1].name, args[5]) in written and (args[2].name, args[6]) in written
+    # no partial of the first pass is left behind
+    partials = [f for _, f in after.functions_items() if isinstance(f, tirx.PrimFunc)
+                and f.attrs is not None and str(f.attrs.get("rammer.decode_attention", ""))
+                == "partial"]
+    assert partials and all(beside_write_params(f) for f in partials)
+
+
+@pytest.mark.parametrize("name,params", [
+    ("llama_decode", {}),                            # rotary: k is no view of the row
+    ("gpt2_decode", {"cache_write": "scatter_elements"}),  # index_copy: not ScatterND
+])
+def test_what_is_no_view_of_one_row_is_left_alone(name, params):
+    before, after = _rewritten(name, **dict(REDUCED[name], **params))
+    tvm.ir.assert_structural_equal(before, after)
+
+
+def test_cache_slot_write_writes_in_place_beside_the_partial():
+    """CacheSlotWrite counts the partial's declared reads of a cache as reads beside the write:
+    the writes stay in place. Control: the same partial without the declaration makes the cache
+    read elsewhere, and the writes copy the cache (the whole-cache select)."""
+    _, after = _rewritten("gpt2_decode", **REDUCED["gpt2_decode"])
+
+    def inplace_writes(mod):
+        text = CacheSlotWrite(inplace=True)(mod)["main"].script()
+        return text.count("call_tir_inplace")
+
+    assert inplace_writes(after) == 2 * REDUCED["gpt2_decode"]["layers"]
+    stripped = tvm.IRModule(dict(after.functions_items()), attrs=after.attrs)
+    for gv, func in after.functions_items():
+        if isinstance(func, tirx.PrimFunc) and beside_write_params(func):
+            stripped[gv] = func.without_attr(BESIDE_WRITE_ATTR)
+    assert inplace_writes(stripped) == 0
+
+
+def test_the_dataflow_graph_places_the_write_beside_its_reader():
+    """In the grouped graph the in-place write stays placeable though the partial reads its
+    cache; without the declaration the same write is not placeable (read elsewhere)."""
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.driver.frontend import import_onnx
+    from tvm_rammer.driver.pipeline import graph_passes
+
+    model = get_model("gpt2_decode", **REDUCED["gpt2_decode"])
+    mod = ob.gpu_schedule(tvm.transform.Sequential(graph_passes(RammerConfig()))(
+        import_onnx(model)))
+    graph = DataflowGraph.of_main(mod)
+    writes = [n for n in graph.nodes if n.kind == "call_tir_inplace"]
+    assert len(writes) == 2 * REDUCED["gpt2_decode"]["layers"]
+    assert all(n.placeable for n in writes), [n.reason for n in writes]
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc) and beside_write_params(func):
+            mod[gv] = func.without_attr(BESIDE_WRITE_ATTR)
+    graph = DataflowGraph.of_main(mod)
+    writes = [n for n in graph.nodes if n.kind == "call_tir_inplace"]
+    assert writes and all("read elsewhere" in n.reason for n in writes)
+
+
+class _Cpu:
+    """One PrimFunc built once for llvm (thread loops serial), called on copies of arrays."""
+
+    def __init__(self, func):
+        mod = tvm.IRModule({"main": serial_threads(func).with_attr("global_symbol", "main")})
+        self.run = tvm.compile(mod, target="llvm")["main"]
+
+    def __call__(self, *arrays):
+        args = [tvm.runtime.tensor(np.array(a, copy=True)) for a in arrays]
+        self.run(*args)
+        return args[-1].numpy()
+
+
+def _case(shape, seed=0):
+    """A row [B, 1, N] holding q, k, v (at 0, Hq D, Hq D + Hkv D), caches, and ScatterND indices
+    (b, g, slot) per kv head."""
+    rng = np.random.default_rng(seed)
+    b, h, kv, length, d = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
+                           shape.head_dim)
+    row = rng.standard_normal((b, 1, (h + 2 * kv) * d)).astype(np.float32)
+    k = rng.standard_normal((b, kv, length, d)).astype(np.float32)
+    v = rng.standard_normal((b, kv, length, d)).astype(np.float32)
+    return row, k, v
+
+
+def _indices(shape, slots):
+    """ScatterND indices [B, Hkv, 1, 3] writing ``slots[b][g]`` for (b, g)."""
+    idx = np.zeros((shape.batch, shape.kv_heads, 1, 3), np.int64)
+    for b in range(shape.batch):
+        for g in range(shape.kv_heads):
+            idx[b, g, 0] = (b, g, slots[b][g])
+    return idx
+
+
+def _written(cache, row, off, idx, shape):
+    """The cache after the step's write (the in-place kernel's semantics): row's k at the
+    normalized slot, nothing out of range."""
+    out = cache.copy()
+    d = shape.head_dim
+    for b in range(shape.batch):
+        for g in range(shape.kv_heads):
+            slot = int(idx[b, g, 0, 2])
+            slot = slot + shape.max_len if slot < 0 else slot
+            if 0 <= slot < shape.max_len:
+                out[b, g, slot] = row[b, 0, off + g * d:off + (g + 1) * d]
+    return out
+
+
+ROW = dataclasses.replace(SHAPE, q_row=(4 + 2 * 2) * 8, q_off=0, kv_row=(4 + 2 * 2) * 8,
+                          k_off=4 * 8, v_off=4 * 8 + 2 * 8)
+
+
+@pytest.mark.parametrize("slots", [[[6, 6], [6, 6]], [[-10, 3], [15, 99]]],
+                         ids=["at_the_position", "negative_and_out_of_range"])
+def test_every_row_version_matches_numpy_over_the_written_caches(slots):
+    """Each thread-per-slot version (serial on llvm) reading q from the row and K, V beside the
+    write equals the two-phase attention over the caches as written (numpy), at position 6 and
+    at L - 1; the write's slot normalized as the write normalizes it (-10 -> 6), out of range
+    nothing substituted. Control: the same kernel given indices of another slot differs."""
+    shape = ROW
+    row, k, v = _case(shape)
+    idx = _indices(shape, slots)
+    kw = _written(k, row, shape.k_off, idx, shape)
+    vw = _written(v, row, shape.v_off, idx, shape)
+    q = row[:, 0, :shape.heads * shape.head_dim].reshape(shape.batch, shape.heads, 1,
+                                                         shape.head_dim)
+    combine = _Cpu(combine_func(shape, threads=32))
+    versions = [(n, f) for n, f in partial_versions(shape) if not n.startswith(
+        "decode_attention_w")]
+    assert versions
+    for p in (6, shape.max_len - 1):
+        want = reference(q, kw, vw, p, shape.scale, shape.divide)
+        pos = np.array([p], np.int64)
+        for name, func in versions:
+            run = _Cpu(func)
+            part = run(row, k, v, pos, row, idx, idx, np.full(
+                (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32))
+            got = combine(part, pos, np.full((shape.batch, shape.heads, 1, shape.head_dim),
+                                             np.nan, np.float32))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+    moved = _indices(shape, [[1, 2], [3, 4]])
+    pos = np.array([6], np.int64)
+    part = _Cpu(versions[0][1])(row, k, v, pos, row, moved, moved, np.full(
+        (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32))
+    got = combine(part, pos, np.full((shape.batch, shape.heads, 1, shape.head_dim), np.nan,
+                                     np.float32))
+    want = reference(q, kw, vw, 6, shape.scale, shape.divide)
+    assert np.abs(got - want).max() > 1e-2
+
+
+def test_the_shape_encodes_its_row_fields():
+    assert DecodeAttentionShape.decode(ROW.encode()) == ROW
+    assert DecodeAttentionShape.decode(SHAPE.encode()) == SHAPE
+    with pytest.raises(ValueError):
+        dataclasses.replace(ROW, v_off=ROW.kv_row)  # v past the row's end
+
+
+def test_the_pass_is_in_the_rammer_pipeline_and_can_be_turned_off():
+    from tvm_rammer import RammerConfig
+    from tvm_rammer.driver.pipeline import graph_passes
+
+    def names(config):
+        return [p.info.name for p in graph_passes(config)]
+
+    assert "DecodeAttentionStepRow" in names(RammerConfig())
+    assert names(RammerConfig()).index("DecodeAttentionStepRow") \
+        < names(RammerConfig()).index("CacheSlotWrite")
+    assert "DecodeAttentionStepRow" not in names(RammerConfig(attention_row=False))
