@@ -331,6 +331,8 @@ def test_report_decodes_a_timeline_and_tables_a_synthetic_lease(tmp_path):
             {"kind": "library", "variant": "lookahead1", "latency_us": 210.0,
              "max_rel_err": 1e-3, "ok": True},
             {"kind": "library", "variant": "prefetch_off", "latency_us": 250.0,
+             "max_rel_err": 1e-3, "ok": True},
+            {"kind": "library", "variant": "after_writes", "latency_us": 220.0,
              "max_rel_err": 1e-3, "ok": True}]},
         {"step": "timeline-alexnet", "status": "ok", "seconds": 5.0,
          "records": [{"kind": "timeline", "buffers": 1}]},
@@ -370,6 +372,18 @@ def test_report_decodes_a_timeline_and_tables_a_synthetic_lease(tmp_path):
     prefetch = text.split("## Weights prefetched across barriers")[1].split("##")[0]
     assert "| gpt2_decode | 200.0 | 210.0 | 250.0 | 1.25x |" in prefetch
     assert "alexnet" not in prefetch
+    # the attention beside the cache writes against after them: the gain measured; '-' where a
+    # build has no latency (here the default's), a model without the build not in the table
+    row = text.split("## Attention beside the cache writes")[1].split("##")[0]
+    assert "| gpt2_decode | 200.0 | 220.0 | 1.10x |" in row
+    assert "alexnet" not in row
+    gpt2 = next(r for r in data["models"] if r["model"] == "gpt2_decode")
+    del gpt2["latency_us"]["rammer_nocheck"]
+    gpt2["errors"]["rammer_nocheck"] = "load failed"
+    row = lease_report.format_markdown(data).split("## Attention beside the cache writes")[1]
+    assert "| gpt2_decode | - | 220.0 | - |" in row.split("##")[0]
+    assert "## Attention beside" not in lease_report.format_markdown(
+        {**data, "models": [alex]})
     assert (res_dir / "lease" / "raw.tar").exists()
 
 
@@ -454,6 +468,27 @@ def test_decoders_get_the_prefetch_builds_after_every_main_comparison():
         RammerConfig(**a.config)
     cpu = lease_prepare.artifacts(replace(spec, cpu_check=True))
     assert not any(a.variant in lease_prepare.PREFETCH_VARIANTS for a in cpu)
+
+
+def test_gpt2_decode_gets_the_attention_after_the_writes_build_after_the_prefetch_builds():
+    """The attention beside the cache writes (RammerConfig.attention_row) measured against the
+    attention after them: a GPT-2 decoder only (llama_decode's rotary declines the row: the same
+    library), after the prefetch builds; a CPU check gets none."""
+    spec = lease_prepare.LeaseSpec(models=("gpt2_decode", "llama_decode", "alexnet"),
+                                   timelines=(), demo=False)
+    arts = lease_prepare.artifacts(spec)
+    (row,) = [a for a in arts if a.variant in lease_prepare.ROW_VARIANTS]
+    assert row.name == "gpt2_decode.after_writes"
+    assert row.config == {"attention_row": False, "check_unmeasured": False}
+    from tvm_rammer import RammerConfig
+    assert RammerConfig(**row.config).attention_row is False and RammerConfig().attention_row
+    last_prefetch = max(i for i, a in enumerate(arts)
+                        if a.variant in lease_prepare.PREFETCH_VARIANTS)
+    assert arts.index(row) > last_prefetch
+    assert {a.name for a in arts if a.variant in lease_prepare.PREFETCH_VARIANTS} >= {
+        "llama_decode.lookahead1", "gpt2_decode.lookahead1"}  # llama: the prefetch builds only
+    cpu = lease_prepare.artifacts(replace(spec, cpu_check=True))
+    assert not any(a.variant in lease_prepare.ROW_VARIANTS for a in cpu)
 
 
 def test_source_hash_ignores_the_lease_and_runtime_code_but_not_the_compiler(tmp_path):

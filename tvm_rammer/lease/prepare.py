@@ -107,9 +107,14 @@ VARIANTS = {  # variant -> (pipeline, RammerConfig fields)
     # the barrier right before its reader, and with none (decoders only: PREFETCH_MODELS)
     "lookahead1": ("rammer", {"prefetch_lookahead": 1, "check_unmeasured": False}),
     "prefetch_off": ("rammer", {"prefetch_weights": False, "check_unmeasured": False}),
+    # the decode attention after the caches' one-slot writes, as before RammerConfig.attention_row
+    # (ROW_MODELS): beside rammer_nocheck, the gain of reading q, k, v beside the writes, measured
+    "after_writes": ("rammer", {"attention_row": False, "check_unmeasured": False}),
 }
 PREFETCH_VARIANTS = ("lookahead1", "prefetch_off")
 PREFETCH_MODELS = DECODERS  # where the model predicts the prefetch matters (weights > one wait)
+ROW_VARIANTS = ("after_writes",)
+ROW_MODELS = ("gpt2_decode",)  # llama_decode's rotary declines the row: its library is the same
 
 
 def model_dict(name: str, reduced: bool) -> dict:
@@ -147,6 +152,9 @@ def artifacts(spec: LeaseSpec) -> list[Artifact]:
         for m in spec.models:
             if m in PREFETCH_MODELS:
                 add(m, model_dict(m, _is_reduced(spec, m)), PREFETCH_VARIANTS)
+        for m in spec.models:  # after the prefetch builds: a cut prepare keeps those
+            if m in ROW_MODELS:
+                add(m, model_dict(m, _is_reduced(spec, m)), ROW_VARIANTS)
     if not spec.cpu_check:  # the instrumented build reads %globaltimer: CUDA only
         for m in spec.timelines:
             add(m, model_dict(m, _is_reduced(spec, m)), ("timeline",))

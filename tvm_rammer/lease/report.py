@@ -206,6 +206,20 @@ def format_markdown(summary: dict) -> str:
             lines.append(f"| {model_label(r)} | {_us(lat.get('rammer_nocheck'))} | "
                          f"{_us(lat.get('lookahead1'))} | {_us(lat.get('prefetch_off'))} | "
                          f"{f'{gain:.2f}x' if gain else '-'} |")
+    row = [r for r in summary["models"]
+           if r["latency_us"].get("after_writes") or "after_writes" in r["errors"]]
+    if row:
+        lines += ["", "## Attention beside the cache writes (issue 34): the decode attention "
+                  "reading q, k, v from the QKV row and the caches beside their one-slot writes "
+                  "(tvm-rammer's default), and after the writes (`--no-attention-row`)", "",
+                  "| model | beside the writes (rammer --no-unmeasured-check) | after the writes | "
+                  "gain |", "|---|---|---|---|"]
+        for r in row:
+            lat = r["latency_us"]
+            gain = (lat["after_writes"] / lat["rammer_nocheck"]
+                    if lat.get("after_writes") and lat.get("rammer_nocheck") else None)
+            lines.append(f"| {model_label(r)} | {_us(lat.get('rammer_nocheck'))} | "
+                         f"{_us(lat.get('after_writes'))} | {f'{gain:.2f}x' if gain else '-'} |")
     problems = [(r["model"], k, e) for r in summary["models"] for k, e in r["errors"].items()]
     if problems:
         lines += ["", "Errors:", ""] + [f"- {m} {k}: {e}" for m, k, e in problems]
