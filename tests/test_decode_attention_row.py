@@ -103,6 +103,35 @@ def test_cache_slot_write_writes_in_place_beside_the_partial():
     assert inplace_writes(stripped) == 0
 
 
+def test_a_reader_beside_other_indices_keeps_the_write_copying():
+    """CacheSlotWrite writes a cache in place beside a reader only where the reader names the
+    write's own indices: with the partial's K declared read beside V's indices (another slot, as
+    far as the pass knows), K's write copies the cache and V's stays in place."""
+    _, after = _rewritten("gpt2_decode", **dict(REDUCED["gpt2_decode"], layers=1))
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class _OtherIndices(relax.PyExprMutator):  # pylint: disable=too-few-public-methods
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op.same_as(call_tir) and len(call.args[1].fields) == 7:
+                fields = list(call.args[1].fields)
+                fields[5] = fields[6]  # K beside vidx
+                return relax.call_tir(call.args[0], fields, call.ty)
+            return call
+
+    def inplace_caches(mod):
+        main = CacheSlotWrite(inplace=True)(mod)["main"]
+        return sorted(b.value.args[1].fields[0].name for block in main.body.blocks
+                      for b in block.bindings if isinstance(b.value, relax.Call)
+                      and isinstance(b.value.op, tvm.ir.Op)
+                      and b.value.op.name == "relax.call_tir_inplace")
+
+    assert inplace_caches(after) == ["past_key_0", "past_value_0"]
+    after["main"] = _OtherIndices(after).visit_expr(after["main"])
+    assert inplace_caches(after) == ["past_value_0"]
+
+
 def test_the_dataflow_graph_places_the_write_beside_its_reader():
     """In the grouped graph the in-place write stays placeable though the partial reads its
     cache; without the declaration the same write is not placeable (read elsewhere)."""
@@ -213,6 +242,31 @@ def test_every_row_version_matches_numpy_over_the_written_caches(slots):
                                      np.float32))
     want = reference(q, kw, vw, 6, shape.scale, shape.divide)
     assert np.abs(got - want).max() > 1e-2
+
+
+def test_q_after_k_and_v_in_the_row_matches_numpy():
+    """A row laid out k, v, q (``q_off`` past k and v, ``k_off`` 0): the default thread-per-slot
+    version equals the attention over the written caches with q read at ``q_off``. Control: q
+    read at the row's start (k and v) differs."""
+    kv = SHAPE.kv_heads * SHAPE.head_dim
+    shape = dataclasses.replace(ROW, q_off=2 * kv, k_off=0, v_off=kv)
+    row, k, v = _case(shape)
+    idx = _indices(shape, [[6, 3], [-10, 6]])
+    kw = _written(k, row, shape.k_off, idx, shape)
+    vw = _written(v, row, shape.v_off, idx, shape)
+    width = shape.heads * shape.head_dim
+
+    def q_at(off):
+        return row[:, 0, off:off + width].reshape(shape.batch, shape.heads, 1, shape.head_dim)
+
+    pos = np.array([6], np.int64)
+    part = _Cpu(partial_versions(shape)[0][1])(row, k, v, pos, row, idx, idx, np.full(
+        (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32))
+    got = _Cpu(combine_func(shape, threads=32))(part, pos, np.full(
+        (shape.batch, shape.heads, 1, shape.head_dim), np.nan, np.float32))
+    np.testing.assert_allclose(got, reference(q_at(shape.q_off), kw, vw, 6, shape.scale,
+                                              shape.divide), rtol=1e-5, atol=1e-5)
+    assert np.abs(got - reference(q_at(0), kw, vw, 6, shape.scale, shape.divide)).max() > 1e-2
 
 
 def test_the_shape_encodes_its_row_fields():
