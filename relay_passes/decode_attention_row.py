@@ -34,9 +34,11 @@ What is proven, each piece from the graph:
 * K and V written from views of ONE row, of the cache's dtype, no cast between (q may be a view of
   it or stay a tensor).
 
-Declined (the call left as it is): anything else, e.g. a rotary embedding between the projection
-and the cache (Llama: k is no view), a GQA repeat of the written cache (the partial reads a
-repeat's source only when it is a cache parameter), casts. Input: Relax with high-level ops, after
+A GQA repeat of the written cache is no obstacle: ``DecodeAttentionSplit`` already hands the
+partial the repeat's source (the scatter), and the row's k / v hold the kv heads (head h reads kv
+head ``h // (H / Hkv)``, at ``k_off + (h // (H / Hkv)) * D``). Declined (the call left as it is):
+anything else, e.g. a rotary embedding between the projection and the cache (Llama: k is no
+view), a ScatterElements write, casts inside the views. Input: Relax with high-level ops, after
 ``DecodeAttentionSplit``, before ``SplitToSlices`` and ``CacheSlotWrite``. Output: the same
 computation.
 """
