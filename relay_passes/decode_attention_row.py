@@ -60,7 +60,8 @@ __all__ = ["DecodeAttentionStepRow"]
 _PARAMS_ATTR = "rammer.decode_attention_params"
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
-    "permute_dims", "reshape", "split", "strided_slice", "scatter_nd")}
+    "permute_dims", "reshape", "split", "strided_slice", "scatter_nd", "add", "multiply",
+    "concat", "negative")}
 
 
 def _is_op(expr, name):
@@ -103,7 +104,8 @@ class _Rewriter(relax.PyExprMutator):
 
     def _part_of_row(self, part, width):
         """(row, offset) when ``part`` [B, 1, width] is a split item or a slice of a row [B, 1,
-        N] along its last axis; else None."""
+        N] along its last axis; else None (then ``part`` is a row of its own: Llama's separate
+        q, k, v projections)."""
         value = self.lookup_binding(part) if isinstance(part, relax.Var) else None
         if isinstance(value, relax.TupleGetItem):
             split = self._bound(value.tuple_value, "split")
@@ -160,11 +162,70 @@ class _Rewriter(relax.PyExprMutator):
         part = reshape.args[0]
         if _shape(part) != [batch, 1, heads * dim] or part.ty.dtype != x.ty.dtype:
             return None
-        return self._part_of_row(part, heads * dim)
+        return self._part_of_row(part, heads * dim) or (part, 0)  # else the row is the part
+
+    def _half(self, expr, x, dim, low):
+        """Whether ``expr`` is ``strided_slice(x, axes=[-1], begin, end)`` taking the low (or
+        high) half of the head dim (step 1)."""
+        value = self._bound(expr, "strided_slice")
+        if value is None or not value.args[0].same_as(x) or len(value.args) not in (4, 5):
+            return False
+        axes, begin, end = (_ints(a) for a in value.args[1:4])
+        strides = _ints(value.args[4]) if len(value.args) == 5 else [1]
+        if None in (axes, begin, end, strides) or len(axes) != 1 or axes[0] not in (3, -1) \
+                or strides != [1]:
+            return False
+        want = (0, dim // 2) if low else (dim // 2, dim)
+        return (begin[0], min(end[0], dim)) == want
+
+    def _rotary(self, expr, heads, dim):
+        """(row, offset, cos, sin) when ``expr`` [B, heads, 1, dim] is HF's rotary embedding
+        ``x * cos + cat(-x[.., D/2:], x[.., :D/2]) * sin`` (either operand order of each add and
+        multiply) of a view ``x`` of a row (:meth:`_view`), cos and sin ``[1, .., 1, D]`` tensors
+        of one float dtype; else None."""
+        add = self._bound(expr, "add")
+        if add is None or dim % 2:
+            return None
+        for first, second in (add.args, reversed(add.args)):
+            plain, turned = self._bound(first, "multiply"), self._bound(second, "multiply")
+            if plain is None or turned is None:
+                continue
+            for x, cos in (plain.args, reversed(plain.args)):
+                view = self._view(x, heads, dim)
+                if view is None:
+                    continue
+                for cat, sin in (turned.args, reversed(turned.args)):
+                    concat = self._bound(cat, "concat")
+                    if concat is None or int(concat.attrs.axis) not in (3, -1) \
+                            or not isinstance(concat.args[0], relax.Tuple) \
+                            or len(concat.args[0].fields) != 2:
+                        continue
+                    neg, low = concat.args[0].fields
+                    negative = self._bound(neg, "negative")
+                    if negative is None or not self._half(negative.args[0], x, dim, False) \
+                            or not self._half(low, x, dim, True):
+                        continue
+                    tables = [_shape(cos), _shape(sin)]
+                    if any(t is None or not 1 <= len(t) <= 4 or t[-1] != dim
+                           or any(n != 1 for n in t[:-1]) for t in tables) \
+                            or tables[0] != tables[1] or str(cos.ty.dtype) != str(sin.ty.dtype) \
+                            or str(cos.ty.dtype) not in ("float32", "float16"):
+                        continue
+                    return view[0], view[1], cos, sin
+        return None
+
+    def _source(self, expr, heads, dim):
+        """(row, offset, rope) of one token's heads: a view of a row (rope None) or its rotary
+        embedding (rope ``(cos, sin)``); else None."""
+        view = self._view(expr, heads, dim)
+        if view is not None:
+            return view[0], view[1], None
+        rotary = self._rotary(expr, heads, dim)
+        return None if rotary is None else (rotary[0], rotary[1], rotary[2:])
 
     def _write(self, cache, shape):
-        """(cache parameter, indices, row, offset) when ``cache`` is a one-slot write along axis
-        2 of a parameter with a view of a row; else None."""
+        """(cache parameter, indices, row, offset, idx rank, rope) when ``cache`` is a one-slot
+        write along axis 2 of a parameter with a :meth:`_source` of a row; else None."""
         scatter = self._bound(cache, "scatter_nd")
         if scatter is None or not any(scatter.args[0].same_as(p) for p in self.params):
             return None
@@ -175,10 +236,11 @@ class _Rewriter(relax.PyExprMutator):
         want = [shape.batch, shape.kv_heads] + ([1] if spec["kept_one"] else []) + [3]
         if _shape(indices) != want or str(indices.ty.dtype) not in ("int32", "int64"):
             return None
-        view = self._view(scatter.args[2], shape.kv_heads, shape.head_dim)
-        if view is None:
+        source = self._source(scatter.args[2], shape.kv_heads, shape.head_dim)
+        if source is None or str(source[0].ty.dtype) != shape.kv_dtype:
             return None
-        return scatter.args[0], indices, view[0], view[1], 4 if spec["kept_one"] else 3
+        return (scatter.args[0], indices, source[0], source[1], 4 if spec["kept_one"] else 3,
+                source[2])
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -191,27 +253,36 @@ class _Rewriter(relax.PyExprMutator):
                 or str(func.attrs.get(KIND_ATTR, "")) != "partial":
             return call
         shape = DecodeAttentionShape.decode(func.attrs[_PARAMS_ATTR])
-        if shape.kv_row or shape.q_row:
+        if shape.k_row or shape.q_row:
             return call
         q, k, v, pos = call.args[1].fields
         kw, vw = self._write(k, shape), self._write(v, shape)
-        if kw is None or vw is None or not kw[2].same_as(vw[2]) or kw[4] != vw[4] \
-                or str(kw[1].ty.dtype) != str(vw[1].ty.dtype) \
-                or str(kw[2].ty.dtype) != shape.kv_dtype:
+        if kw is None or vw is None or vw[5] is not None or kw[4] != vw[4] \
+                or str(kw[1].ty.dtype) != str(vw[1].ty.dtype):
             return call
-        row = kw[2]
-        fields = dict(kv_row=_shape(row)[2], k_off=kw[3], v_off=vw[3], idx_rank=kw[4],
-                      idx_dtype=str(kw[1].ty.dtype))
-        q_view = self._view(q, shape.heads, shape.head_dim)
-        if q_view is not None and str(q_view[0].ty.dtype) == shape.q_dtype:
-            q = q_view[0]
-            fields.update(q_row=_shape(q)[2], q_off=q_view[1])
+        rope = kw[5]
+        fields = dict(k_row=_shape(kw[2])[2], k_off=kw[3], v_row=_shape(vw[2])[2], v_off=vw[3],
+                      idx_rank=kw[4], idx_dtype=str(kw[1].ty.dtype))
+        q_source = self._source(q, shape.heads, shape.head_dim)
+        if q_source is not None and str(q_source[0].ty.dtype) != shape.q_dtype:
+            q_source = None
+        if rope is not None:  # q and k rotated alike, or the partial would mix two embeddings
+            if q_source is None or q_source[2] is None \
+                    or not all(a.same_as(b) for a, b in zip(q_source[2], rope)):
+                return call
+            fields.update(rope_rank=len(_shape(rope[0])), rope_dtype=str(rope[0].ty.dtype))
+        elif q_source is not None and q_source[2] is not None:
+            q_source = None  # q rotated, k not: q stays the graph's tensor
+        if q_source is not None:
+            q = q_source[0]
+            fields.update(q_row=_shape(q)[2], q_off=q_source[1])
         new = dataclasses.replace(shape, **fields)
         gv = self.builder_.add_func(
-            partial_func(new).with_attr(BESIDE_WRITE_ATTR, [[1, 5], [2, 6]]),
+            partial_func(new).with_attr(BESIDE_WRITE_ATTR, [[1, 5], [2, 7]]),
             "decode_attention_partial")
         self.rewrites += 1
-        return relax.call_tir(gv, [q, kw[0], vw[0], pos, row, kw[1], vw[1]], call.ty)
+        args = [q, kw[0], vw[0], pos, kw[2], kw[1], vw[2], vw[1], *(rope or ())]
+        return relax.call_tir(gv, args, call.ty)
 
 
 @tvm.transform.module_pass(opt_level=0, name="DecodeAttentionStepRow")

@@ -1,5 +1,6 @@
 """DecodeAttentionStepRow: the partial reads q, k, v from the QKV row and the caches beside their
-writes (relay_passes/decode_attention_row.py, the kernels' ``q_row`` / ``kv_row``)."""
+writes (relay_passes/decode_attention_row.py, the kernels' ``q_row`` / ``k_row`` / ``v_row`` /
+``rope_rank``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,19 +57,19 @@ def test_gpt2s_partial_reads_the_qkv_row_and_the_cache_parameters():
     names = {p.name for p in after["main"].params}
     for func, args in calls:
         shape = DecodeAttentionShape.decode(func.attrs["rammer.decode_attention_params"])
-        assert (shape.q_row, shape.q_off, shape.kv_row, shape.k_off, shape.v_off) == \
-            (3 * d, 0, 3 * d, d, 2 * d)
-        assert len(args) == 7 and args[0].same_as(args[4])
+        assert (shape.q_row, shape.q_off, shape.k_row, shape.k_off, shape.v_row, shape.v_off,
+                shape.rope_rank) == (3 * d, 0, 3 * d, d, 3 * d, 2 * d, 0)
+        assert len(args) == 8 and args[0].same_as(args[4]) and args[0].same_as(args[6])
         assert [int(x) for x in args[0].ty.shape] == [1, 1, 3 * d]
         assert args[1].name in names and args[2].name in names
-        assert beside_write_params(func) == [(1, 5), (2, 6)]
+        assert beside_write_params(func) == [(1, 5), (2, 7)]
     scatters = [b.value for block in after["main"].body.blocks for b in block.bindings
                 if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
                 and b.value.op.name == "relax.scatter_nd"]
     assert len(scatters) == 2 * params["layers"]  # the writes stay: main's results
     written = {(s.args[0].name, s.args[1]) for s in scatters}
     for _, args in calls:
-        assert (args[1].name, args[5]) in written and (args[2].name, args[6]) in written
+        assert (args[1].name, args[5]) in written and (args[2].name, args[7]) in written
     # no partial of the first pass is left behind
     partials = [f for _, f in after.functions_items() if isinstance(f, tirx.PrimFunc)
                 and f.attrs is not None and str(f.attrs.get("rammer.decode_attention", ""))
@@ -76,8 +77,28 @@ def test_gpt2s_partial_reads_the_qkv_row_and_the_cache_parameters():
     assert partials and all(beside_write_params(f) for f in partials)
 
 
+def test_llamas_partial_reads_its_three_projections_and_rotates_q_and_k():
+    """Llama (separate q, k, v projections, rotary on q and k, GQA): each layer's partial reads
+    (q row, Kc, Vc, pos, k row, kidx, v row, vidx, cos, sin): the rows the projections' outputs
+    (offset 0), cos and sin the [1, 1, D] rows gathered at the position, shared by the layers."""
+    params = REDUCED["llama_decode"]
+    _, after = _rewritten("llama_decode", **params)
+    calls = _partial_calls(after)
+    assert len(calls) == params["layers"]
+    d = params["d_model"] // params["heads"]
+    tables = set()
+    for func, args in calls:
+        shape = DecodeAttentionShape.decode(func.attrs["rammer.decode_attention_params"])
+        assert (shape.q_row, shape.k_row, shape.v_row) == (
+            params["heads"] * d, params["kv_heads"] * d, params["kv_heads"] * d)
+        assert (shape.q_off, shape.k_off, shape.v_off, shape.rope_rank) == (0, 0, 0, 3)
+        assert len(args) == 10 and beside_write_params(func) == [(1, 5), (2, 7)]
+        assert [int(x) for x in args[8].ty.shape] == [1, 1, d]
+        tables.add((args[8], args[9]))
+    assert len(tables) == 1
+
+
 @pytest.mark.parametrize("name,params", [
-    ("llama_decode", {}),                            # rotary: k is no view of the row
     ("gpt2_decode", {"cache_write": "scatter_elements"}),  # index_copy: not ScatterND
 ])
 def test_what_is_no_view_of_one_row_is_left_alone(name, params):
@@ -114,9 +135,9 @@ def test_a_reader_beside_other_indices_keeps_the_write_copying():
     class _OtherIndices(relax.PyExprMutator):  # pylint: disable=too-few-public-methods
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if call.op.same_as(call_tir) and len(call.args[1].fields) == 7:
+            if call.op.same_as(call_tir) and len(call.args[1].fields) == 8:
                 fields = list(call.args[1].fields)
-                fields[5] = fields[6]  # K beside vidx
+                fields[5] = fields[7]  # K beside vidx
                 return relax.call_tir(call.args[0], fields, call.ty)
             return call
 
@@ -202,8 +223,8 @@ def _written(cache, row, off, idx, shape):
     return out
 
 
-ROW = dataclasses.replace(SHAPE, q_row=(4 + 2 * 2) * 8, q_off=0, kv_row=(4 + 2 * 2) * 8,
-                          k_off=4 * 8, v_off=4 * 8 + 2 * 8)
+ROW = dataclasses.replace(SHAPE, q_row=(4 + 2 * 2) * 8, q_off=0, k_row=(4 + 2 * 2) * 8,
+                          k_off=4 * 8, v_row=(4 + 2 * 2) * 8, v_off=4 * 8 + 2 * 8)
 
 
 @pytest.mark.parametrize("slots", [[[6, 6], [6, 6]], [[-10, 3], [15, 99]]],
@@ -229,14 +250,14 @@ def test_every_row_version_matches_numpy_over_the_written_caches(slots):
         pos = np.array([p], np.int64)
         for name, func in versions:
             run = _Cpu(func)
-            part = run(row, k, v, pos, row, idx, idx, np.full(
+            part = run(row, k, v, pos, row, idx, row, idx, np.full(
                 (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32))
             got = combine(part, pos, np.full((shape.batch, shape.heads, 1, shape.head_dim),
                                              np.nan, np.float32))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
     moved = _indices(shape, [[1, 2], [3, 4]])
     pos = np.array([6], np.int64)
-    part = _Cpu(versions[0][1])(row, k, v, pos, row, moved, moved, np.full(
+    part = _Cpu(versions[0][1])(row, k, v, pos, row, moved, row, moved, np.full(
         (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32))
     got = combine(part, pos, np.full((shape.batch, shape.heads, 1, shape.head_dim), np.nan,
                                      np.float32))
@@ -260,7 +281,7 @@ def test_q_after_k_and_v_in_the_row_matches_numpy():
         return row[:, 0, off:off + width].reshape(shape.batch, shape.heads, 1, shape.head_dim)
 
     pos = np.array([6], np.int64)
-    part = _Cpu(partial_versions(shape)[0][1])(row, k, v, pos, row, idx, idx, np.full(
+    part = _Cpu(partial_versions(shape)[0][1])(row, k, v, pos, row, idx, row, idx, np.full(
         (shape.batch, shape.heads, shape.chunks, shape.head_dim + 2), np.nan, np.float32))
     got = _Cpu(combine_func(shape, threads=32))(part, pos, np.full(
         (shape.batch, shape.heads, 1, shape.head_dim), np.nan, np.float32))
@@ -273,7 +294,9 @@ def test_the_shape_encodes_its_row_fields():
     assert DecodeAttentionShape.decode(ROW.encode()) == ROW
     assert DecodeAttentionShape.decode(SHAPE.encode()) == SHAPE
     with pytest.raises(ValueError):
-        dataclasses.replace(ROW, v_off=ROW.kv_row)  # v past the row's end
+        dataclasses.replace(ROW, v_off=ROW.v_row)  # v past the row's end
+    with pytest.raises(ValueError):
+        dataclasses.replace(SHAPE, rope_rank=3)  # rotary without the rows it rotates
 
 
 def test_the_pass_is_in_the_rammer_pipeline_and_can_be_turned_off():
@@ -287,3 +310,61 @@ def test_the_pass_is_in_the_rammer_pipeline_and_can_be_turned_off():
     assert names(RammerConfig()).index("DecodeAttentionStepRow") \
         < names(RammerConfig()).index("CacheSlotWrite")
     assert "DecodeAttentionStepRow" not in names(RammerConfig(attention_row=False))
+
+
+def _rotated(x, cos, sin):
+    """HF's rotary embedding of [..., D] (numpy): x * cos + cat(-x[D/2:], x[:D/2]) * sin."""
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+def test_rotary_versions_match_numpy_over_the_rotated_written_caches():
+    """q and the step's k rotated inside the partial (``rope_rank``), k and v from two rows
+    (Llama's projections): every thread-per-slot version (serial on llvm) equals numpy's
+    attention of the rotated q over the caches written with the rotated k and the v row, at the
+    position and past it. Controls: the same kernel without the rotation (``rope_rank`` 0) and
+    with cos and sin swapped differ."""
+    shape = dataclasses.replace(SHAPE, q_row=4 * 8, k_row=2 * 8, v_row=2 * 8, rope_rank=3)
+    rng = np.random.default_rng(5)
+    b, h, kv, length, d = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
+                           shape.head_dim)
+    qrow = rng.standard_normal((b, 1, h * d)).astype(np.float32)
+    krow = rng.standard_normal((b, 1, kv * d)).astype(np.float32)
+    vrow = rng.standard_normal((b, 1, kv * d)).astype(np.float32)
+    k = rng.standard_normal((b, kv, length, d)).astype(np.float32)
+    v = rng.standard_normal((b, kv, length, d)).astype(np.float32)
+    angle = rng.uniform(0, 3, d // 2)
+    cos = np.cos(np.concatenate([angle, angle])).astype(np.float32).reshape(1, 1, d)
+    sin = np.sin(np.concatenate([angle, angle])).astype(np.float32).reshape(1, 1, d)
+    idx = _indices(shape, [[6, 6], [6, 6]])
+    q = _rotated(qrow.reshape(b, h, 1, d), cos, sin)
+    knew = _rotated(krow.reshape(b, kv, 1, d), cos, sin)
+    kw, vw = k.copy(), v.copy()
+    kw[:, :, 6] = knew[:, :, 0]
+    vw[:, :, 6] = vrow.reshape(b, kv, d)
+    combine = _Cpu(combine_func(shape, threads=32))
+
+    def attend(func, pos, c=cos, s=sin):
+        p = np.array([pos], np.int64)
+        args = [qrow, k, v, p, krow, idx, vrow, idx] + ([c, s] if func_has_rope(func) else [])
+        part = _Cpu(func)(*args, np.full((b, h, shape.chunks, d + 2), np.nan, np.float32))
+        return combine(part, p, np.full((b, h, 1, d), np.nan, np.float32))
+
+    def func_has_rope(func):
+        return any(param.name == "cos" for param in func.params)
+
+    versions = [(n, f) for n, f in partial_versions(shape) if not n.startswith(
+        "decode_attention_w")]
+    for pos in (6, length - 1):
+        want = reference(q, kw, vw, pos, shape.scale, shape.divide)
+        for name, func in versions:
+            np.testing.assert_allclose(attend(func, pos), want, rtol=1e-5, atol=1e-5,
+                                       err_msg=name)
+    want = reference(q, kw, vw, 6, shape.scale, shape.divide)
+    plain = partial_versions(dataclasses.replace(shape, rope_rank=0, q_row=0))[-1][1]
+    p = np.array([6], np.int64)
+    part = _Cpu(plain)(qrow.reshape(b, h, 1, d), k, v, p, krow, idx, vrow, idx,
+                       np.full((b, h, shape.chunks, d + 2), np.nan, np.float32))
+    got = combine(part, p, np.full((b, h, 1, d), np.nan, np.float32))
+    assert np.abs(got - want).max() > 1e-2
+    assert np.abs(attend(versions[0][1], 6, sin, cos) - want).max() > 1e-2

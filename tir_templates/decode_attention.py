@@ -100,11 +100,14 @@ class DecodeAttentionShape:
     out_layout: str = ""
     q_row: int = 0
     q_off: int = 0
-    kv_row: int = 0
+    k_row: int = 0
     k_off: int = 0
+    v_row: int = 0
     v_off: int = 0
     idx_rank: int = 4
     idx_dtype: str = "int64"
+    rope_rank: int = 0
+    rope_dtype: str = "float32"
 
     def __post_init__(self):
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -113,10 +116,16 @@ class DecodeAttentionShape:
                 or {self.q_dtype, self.kv_dtype, self.out_dtype} - set(FLOATS) \
                 or self.warps < 0 or (self.warps and self.head_dim % 32) \
                 or self.out_layout not in OUT_LAYOUTS \
-                or min(self.q_row, self.q_off, self.kv_row, self.k_off, self.v_off) < 0 \
+                or min(self.q_row, self.q_off, self.k_row, self.k_off, self.v_row,
+                       self.v_off) < 0 \
                 or (self.q_row and self.q_off + q_width > self.q_row) \
-                or (self.kv_row and max(self.k_off, self.v_off) + kv_width > self.kv_row) \
-                or self.idx_rank not in (3, 4) or self.idx_dtype not in ("int32", "int64"):
+                or bool(self.k_row) != bool(self.v_row) \
+                or (self.k_row and (self.k_off + kv_width > self.k_row
+                                    or self.v_off + kv_width > self.v_row)) \
+                or self.idx_rank not in (3, 4) or self.idx_dtype not in ("int32", "int64") \
+                or self.rope_rank not in (0, 1, 2, 3, 4) or self.rope_dtype not in FLOATS \
+                or (self.rope_rank and (not self.q_row or not self.k_row
+                                        or self.head_dim % 2)):
             raise ValueError(f"decode attention: invalid shape {self}")
 
     @property
@@ -128,14 +137,15 @@ class DecodeAttentionShape:
                                           self.head_dim, self.chunk, repr(self.scale),
                                           int(self.divide), self.pos_len, self.q_dtype,
                                           self.kv_dtype, self.out_dtype, self.warps,
-                                          self.out_layout, self.q_row, self.q_off, self.kv_row,
-                                          self.k_off, self.v_off, self.idx_rank,
-                                          self.idx_dtype))
+                                          self.out_layout, self.q_row, self.q_off, self.k_row,
+                                          self.k_off, self.v_row, self.v_off, self.idx_rank,
+                                          self.idx_dtype, self.rope_rank, self.rope_dtype))
 
     @classmethod
     def decode(cls, text: str) -> "DecodeAttentionShape":
         b, h, kv, L, d, c, s, div, p, qt, kvt, ot, *rest = str(text).split(",")
-        rows = [int(x) for x in rest[2:8]] + rest[8:9]
+        rows = [int(x) for x in rest[2:9]] + rest[9:10] + [int(x) for x in rest[10:11]] \
+            + rest[11:12]
         return cls(int(b), int(h), int(kv), int(L), int(d), int(c), float(s), bool(int(div)),
                    int(p), qt, kvt, ot, int(rest[0]) if rest else 0, *rest[1:2], *rows)
 
@@ -149,10 +159,16 @@ class DecodeAttentionShape:
 
     @property
     def idx_shape(self) -> tuple:
-        """A cache write's indices (ScatterND's, ``kv_row`` only): ``[B, Hkv, 1, 3]`` or
+        """A cache write's indices (ScatterND's, ``k_row`` only): ``[B, Hkv, 1, 3]`` or
         ``[B, Hkv, 3]``, component 2 the slot written for (b, kv head)."""
         lead = (self.batch, self.kv_heads) + ((1,) if self.idx_rank == 4 else ())
         return lead + (3,)
+
+    @property
+    def rope_shape(self) -> tuple:
+        """The rotary embedding's cos and sin (``rope_rank``): ``[1, .., 1, D]``, broadcast over
+        batch and heads (``take(table, position)`` and its ``expand_dims``)."""
+        return (1,) * (self.rope_rank - 1) + (self.head_dim,)
 
     @property
     def out_shape(self) -> tuple:
@@ -219,56 +235,85 @@ def _slot_threads(shape) -> tuple:
                  if t == 32 or (t <= shape.chunk and t * (shape.head_dim + 2) * 4 <= SHARED_LIMIT))
 
 
-ROW_PARAMS = ("row", "kidx", "vidx")  # the partial's parameters that only ``kv_row`` has
+ROW_PARAMS = ("krow", "kidx", "vrow", "vidx")  # the partial's parameters that only ``k_row`` has
+ROPE_PARAMS = ("cos", "sin")  # the partial's parameters that only ``rope_rank`` has
 
 
-def _q_at(shape, q, b, h, d):
-    """``q[b, h, 0, d]`` of the partial's ``q`` parameter (``q_row``: of the row it views)."""
+def _rope(shape, x, cos, sin, d):
+    """float32 of the rotary embedding of one head ``x(e)`` (float32 of its element e) at dim
+    ``d``, as HF's ``x * cos + rotate_half(x) * sin`` computes it, ``rotate_half(x) =
+    cat(-x[D/2:], x[:D/2])``: the partner dim ``(d + D/2) % D``, negated below D/2. Without
+    ``rope_rank``: ``x(d)``."""
+    if not shape.rope_rank:
+        return x(d)
+    D, lead = shape.head_dim, (0,) * (shape.rope_rank - 1)
+    half = D // 2
+    rotated = T.Select(d < half, T.float32(-1), T.float32(1)) * x((d + half) % D)
+    return x(d) * _f32(cos[lead + (d,)], shape.rope_dtype) \
+        + rotated * _f32(sin[lead + (d,)], shape.rope_dtype)
+
+
+def _q_at(shape, q, cos, sin, b, h, d):
+    """float32 of ``q[b, h, 0, d]`` of the partial's ``q`` parameter (``q_row``: of the row it
+    views; ``rope_rank``: rotated)."""
     if shape.q_row:
-        return q[b, 0, shape.q_off + h * shape.head_dim + d]
-    return q[b, h, 0, d]
+        base = shape.q_off + h * shape.head_dim
+        return _rope(shape, lambda e: _f32(q[b, 0, base + e], shape.q_dtype), cos, sin, d)
+    return _f32(q[b, h, 0, d], shape.q_dtype)
 
 
 def _written_slot(shape, idx, b, g):
     """The slot (int64) the step's in-place write stores (b, kv head ``g``) at, normalized as it
     normalizes it (a negative index plus ``max_len``; out of ``[0, max_len)`` it writes nothing
-    and no slot equals it); -1 without ``kv_row``."""
-    if not shape.kv_row:
+    and no slot equals it); -1 without ``k_row``."""
+    if not shape.k_row:
         return T.int64(-1)
     i = T.Cast("int64", idx[(b, g, 0, 2) if shape.idx_rank == 4 else (b, g, 2)])
     return T.Select(i < T.int64(0), i + T.int64(shape.max_len), i)
 
 
-def _kv_at(shape, cache, row, off, written, b, g, slot, d):
-    """float32 of ``cache[b, g, slot, d]``; with ``kv_row``, at the slot the step writes
+def _kv_at(shape, cache, row, off, written, b, g, slot, d, cos=None, sin=None):
+    """float32 of ``cache[b, g, slot, d]``; with ``k_row``, at the slot the step writes
     (``written``), the row's element the write stores there instead (``row[b, 0, off + g * D +
-    d]``): the cache is read beside its write, never waiting for it."""
+    d]``, rotated where ``cos`` is given and the shape has ``rope_rank``): the cache is read
+    beside its write, never waiting for it."""
     value = _f32(cache[b, g, slot, d], shape.kv_dtype)
-    if not shape.kv_row:
+    if not shape.k_row:
         return value
-    new = _f32(row[b, 0, off + g * shape.head_dim + d], shape.kv_dtype)
+    base = off + g * shape.head_dim
+
+    def element(e):
+        return _f32(row[b, 0, base + e], shape.kv_dtype)
+
+    new = _rope(shape, element, cos, sin, d) if cos is not None else element(d)
     return T.if_then_else(T.Cast("int64", slot) == written, new, value)
 
 
-def _partial_reads(shape, q, k, v, pos, row, kidx, vidx):
+def _partial_reads(shape, q, k, v, pos, krow, kidx, vrow, vidx, cos, sin):
     """The regions the partial's SBlock reads: q's heads, the whole K and V (the worst case,
-    module docstring), the position; with ``kv_row`` the row's k and v and the indices."""
+    module docstring), the position; with ``k_row`` the rows' k and v and the indices; with
+    ``rope_rank`` cos and sin."""
     B, H, KV, L, D = shape.batch, shape.heads, shape.kv_heads, shape.max_len, shape.head_dim
     reads = [q[0:B, 0, shape.q_off:shape.q_off + H * D] if shape.q_row else q[0:B, 0:H, 0, 0:D],
              k[0:B, 0:KV, 0:L, 0:D], v[0:B, 0:KV, 0:L, 0:D],
              pos[()] if not shape.pos_len else pos[0:1]]
-    if shape.kv_row:
-        lo, hi = min(shape.k_off, shape.v_off), max(shape.k_off, shape.v_off) + KV * D
-        reads += [row[0:B, 0, lo:hi], kidx[tuple(slice(0, n) for n in shape.idx_shape)],
-                  vidx[tuple(slice(0, n) for n in shape.idx_shape)]]
+    if shape.k_row:
+        whole = tuple(slice(0, n) for n in shape.idx_shape)
+        reads += [krow[0:B, 0, shape.k_off:shape.k_off + KV * D], kidx[whole],
+                  vrow[0:B, 0, shape.v_off:shape.v_off + KV * D], vidx[whole]]
+    if shape.rope_rank:
+        whole = tuple(slice(0, n) for n in shape.rope_shape)
+        reads += [cos[whole], sin[whole]]
     return reads
 
 
 def _finish_partial(func, shape):
     """The parsed partial with its attributes, without the row parameters where the shape has no
-    ``kv_row`` (its body never reads them)."""
-    if not shape.kv_row:
-        func = tirx.PrimFunc([p for p in func.params if p.name not in ROW_PARAMS], func.body,
+    ``k_row`` and without cos and sin where it has no ``rope_rank`` (its body never reads
+    them)."""
+    drop = (() if shape.k_row else ROW_PARAMS) + (() if shape.rope_rank else ROPE_PARAMS)
+    if drop:
+        func = tirx.PrimFunc([p for p in func.params if p.name not in drop], func.body,
                              func.ret_type, func.attrs)
     return func.without_attr("global_symbol").with_attrs({  # named by the module it joins
         "op_pattern": OPAQUE, KIND_ATTR: "partial", _PARAMS_ATTR: shape.encode()})
@@ -307,8 +352,9 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
     scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
     shift = int(bound_shift)
     QT, KT = shape.q_dtype, shape.kv_dtype
-    QS, IS, IT, RW = shape.q_buffer_shape, shape.idx_shape, shape.idx_dtype, max(shape.kv_row, 1)
-    KO, VO = shape.k_off, shape.v_off
+    QS, IS, IT = shape.q_buffer_shape, shape.idx_shape, shape.idx_dtype
+    KR, VR, KO, VO = max(shape.k_row, 1), max(shape.v_row, 1), shape.k_off, shape.v_off
+    RS, RT = shape.rope_shape if shape.rope_rank else (1,), shape.rope_dtype
     full = 0xFFFFFFFF
 
     def pos_load(pos):
@@ -317,14 +363,16 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
     @T.prim_func(s_tir=True)
     def partial(q: T.Buffer(QS, QT), k: T.Buffer((B, KV, L, D), KT),
                 v: T.Buffer((B, KV, L, D), KT), pos: T.Buffer(P, "int64"),
-                row: T.Buffer((B, 1, RW), KT), kidx: T.Buffer(IS, IT), vidx: T.Buffer(IS, IT),
-                part: T.Buffer((B, H, NC, D + 2), "float32")):
+                krow: T.Buffer((B, 1, KR), KT), kidx: T.Buffer(IS, IT),
+                vrow: T.Buffer((B, 1, VR), KT), vidx: T.Buffer(IS, IT), cos: T.Buffer(RS, RT),
+                sin: T.Buffer(RS, RT), part: T.Buffer((B, H, NC, D + 2), "float32")):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(B * H * NC, thread="blockIdx.x"):
             state = T.sblock_alloc_buffer((W, D + 2), "float32", scope="shared")
             for tx in T.thread_binding(TH, thread="threadIdx.x"):
                 with T.sblock("partial"):
-                    T.reads(*_partial_reads(shape, q, k, v, pos, row, kidx, vidx))
+                    T.reads(*_partial_reads(shape, q, k, v, pos, krow, kidx, vrow, vidx, cos,
+                                           sin))
                     T.writes(state[0:W, 0:D + 2])
                     m = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     ls = T.sblock_alloc_buffer((1,), "float32", scope="local")
@@ -346,14 +394,15 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
                     ls[0] = T.float32(0)
                     for i in range(DL):
                         acc[i] = T.float32(0)
-                        qv[i] = _f32(_q_at(shape, q, b, h, lane + i * 32), QT)
+                        qv[i] = _q_at(shape, q, cos, sin, b, h, lane + i * 32)
                     for j in range(per_warp):
                         slot = start + w + j * W
                         if slot < end:  # the same for the warp's 32 lanes: no divergence
                             sc[0] = T.float32(0)
                             for i in range(DL):
-                                sc[0] = sc[0] + qv[i] * _kv_at(shape, k, row, KO, ws[0], b,
-                                                               h // G, slot, lane + i * 32)
+                                sc[0] = sc[0] + qv[i] * _kv_at(shape, k, krow, KO, ws[0], b,
+                                                               h // G, slot, lane + i * 32,
+                                                               cos, sin)
                             for o in T.unroll(5):
                                 sc[0] = sc[0] + T.tvm_warp_shuffle_xor(
                                     T.uint32(full), sc[0], T.shift_right(16, o), 32, 32)
@@ -367,7 +416,7 @@ def warp_partial_func(shape: DecodeAttentionShape, warps: int,
                             ls[0] = ls[0] * corr + pe
                             for i in range(DL):
                                 acc[i] = acc[i] * corr + pe * _kv_at(
-                                    shape, v, row, VO, ws[1], b, h // G, slot, lane + i * 32)
+                                    shape, v, vrow, VO, ws[1], b, h // G, slot, lane + i * 32)
                             m[0] = mn
                     if lane == 0:
                         state[w, 0] = m[0]
@@ -414,8 +463,9 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
     scale, divide, P = float(shape.scale), bool(shape.divide), _pos_shape(shape)
     shift = int(bound_shift)
     QT, KT = shape.q_dtype, shape.kv_dtype
-    QS, IS, IT, RW = shape.q_buffer_shape, shape.idx_shape, shape.idx_dtype, max(shape.kv_row, 1)
-    KO, VO = shape.k_off, shape.v_off
+    QS, IS, IT = shape.q_buffer_shape, shape.idx_shape, shape.idx_dtype
+    KR, VR, KO, VO = max(shape.k_row, 1), max(shape.v_row, 1), shape.k_off, shape.v_off
+    RS, RT = shape.rope_shape if shape.rope_rank else (1,), shape.rope_dtype
 
     def pos_load(pos):
         return pos[0] if P else pos[()]
@@ -423,15 +473,17 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
     @T.prim_func(s_tir=True)
     def partial(q: T.Buffer(QS, QT), k: T.Buffer((B, KV, L, D), KT),
                 v: T.Buffer((B, KV, L, D), KT), pos: T.Buffer(P, "int64"),
-                row: T.Buffer((B, 1, RW), KT), kidx: T.Buffer(IS, IT), vidx: T.Buffer(IS, IT),
-                part: T.Buffer((B, H, NC, D + 2), "float32")):
+                krow: T.Buffer((B, 1, KR), KT), kidx: T.Buffer(IS, IT),
+                vrow: T.Buffer((B, 1, VR), KT), vidx: T.Buffer(IS, IT), cos: T.Buffer(RS, RT),
+                sin: T.Buffer(RS, RT), part: T.Buffer((B, H, NC, D + 2), "float32")):
         T.func_attr({"tirx.noalias": True})
         for task in T.thread_binding(tasks, thread="blockIdx.x"):
             state = T.sblock_alloc_buffer((TH, D + 2), "float32", scope="shared")
             for gi in range(group):
                 for tx in T.thread_binding(TH, thread="threadIdx.x"):
                     with T.sblock("partial"):
-                        T.reads(*_partial_reads(shape, q, k, v, pos, row, kidx, vidx))
+                        T.reads(*_partial_reads(shape, q, k, v, pos, krow, kidx, vrow, vidx, cos,
+                                           sin))
                         T.writes(state[tx, 0:D + 2])
                         m = T.sblock_alloc_buffer((1,), "float32", scope="local")
                         ls = T.sblock_alloc_buffer((1,), "float32", scope="local")
@@ -455,8 +507,8 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
                             if slot < end:
                                 sc[0] = T.float32(0)
                                 for d in range(D):
-                                    sc[0] = sc[0] + _f32(_q_at(shape, q, b, h, d), QT) * _kv_at(
-                                        shape, k, row, KO, ws[0], b, h // G, slot, d)
+                                    sc[0] = sc[0] + _q_at(shape, q, cos, sin, b, h, d) * _kv_at(
+                                        shape, k, krow, KO, ws[0], b, h // G, slot, d, cos, sin)
                                 if divide:
                                     sc[0] = sc[0] / T.float32(scale) * use
                                 else:
@@ -467,7 +519,7 @@ def thread_partial_func(shape: DecodeAttentionShape, threads: int | None = None,
                                 ls[0] = ls[0] * corr + pe
                                 for d in range(D):
                                     acc[d] = acc[d] * corr + pe * _kv_at(
-                                        shape, v, row, VO, ws[1], b, h // G, slot, d)
+                                        shape, v, vrow, VO, ws[1], b, h // G, slot, d)
                                 m[0] = mn
                         state[tx, 0] = m[0]
                         state[tx, 1] = ls[0]
