@@ -114,7 +114,7 @@ VARIANTS = {  # variant -> (pipeline, RammerConfig fields)
 PREFETCH_VARIANTS = ("lookahead1", "prefetch_off")
 PREFETCH_MODELS = DECODERS  # where the model predicts the prefetch matters (weights > one wait)
 ROW_VARIANTS = ("after_writes",)
-ROW_MODELS = ("gpt2_decode",)  # llama_decode's rotary declines the row: its library is the same
+ROW_MODELS = DECODERS  # both read their rows (llama_decode's rotary computed in the attention)
 
 
 def model_dict(name: str, reduced: bool) -> dict:
