@@ -10,37 +10,45 @@ After ``DecodeAttentionSplit`` a GPT-2-style layer is, per step (one token)::
     V    = scatter_nd(Vc, vidx, v4)
     part = call_tir(decode_attention_partial, [q4, K, V, pos])
 
-so the partial waits for the cache writes, which wait for the row: one dependent step (and a
-barrier-rTask) more per layer than the data needs. Here the partial becomes
-``call_tir(partial', [row, Kc, Vc, pos, row, kidx, vidx])``
-(``tir_templates.decode_attention``'s ``q_row`` / ``kv_row``): it reads q from the row, the caches
-as they were, and at the slot each write stores (``kidx``'s, normalized as the write normalizes
-it) the row's k / v instead. The writes stay (they are ``main``'s results) but nothing waits for
-them; ``CacheSlotWrite`` still writes in place: the partial's PrimFunc declares the caches it
-reads beside a write (``cache_write.BESIDE_WRITE_ATTR``), which it and ``DataflowGraph`` accept as the
-cache's one other reader. Whether the partial runs before, after or beside a write, it computes
-the same: the one slot that changes is never read from the cache.
+(Llama: three projections, each row ``[B, 1, H * D]`` of its own, and q4, k4 rotated first,
+HF's ``x * cos + cat(-x[.., D/2:], x[.., :D/2]) * sin``), so the partial waits for the cache
+writes, which wait for the row (and the rotation): one dependent step (and a barrier-rTask) more
+per layer than the data needs. Here the partial becomes ``call_tir(partial', [qrow, Kc, Vc, pos,
+krow, kidx, vrow, vidx(, cos, sin)])`` (``tir_templates.decode_attention``'s ``q_row`` /
+``k_row`` / ``v_row`` / ``rope_rank``; GPT-2 passes its one row three times): it reads q from its
+row (rotating it), the caches as they were, and at the slot each write stores (``kidx``'s,
+normalized as the write normalizes it) the row's k (rotated) / v instead. The writes stay (they
+are ``main``'s results) but nothing waits for them; ``CacheSlotWrite`` still writes in place: the
+partial's PrimFunc declares the caches it reads beside a write (``cache_write.BESIDE_WRITE_ATTR``),
+which it and ``DataflowGraph`` accept as the cache's one other reader. Whether the partial runs
+before, after or beside a write, it computes the same: the one slot that changes is never read
+from the cache. The partial rotates in float32 where the graph rounds each step to its dtype (the
+written cache keeps the graph's rounding): results differ by rounding only.
 
 What is proven, each piece from the graph:
 
 * a view: ``x`` [B, h, 1, D] is ``permute_dims(reshape(part, [B, 1, h, D]), [0, 2, 1, 3])`` or
   ``reshape(part, [B, h, 1, D])`` of ``part`` [B, 1, h * D], which is item ``i`` of a ``split`` of
-  a row [B, 1, N] along its last axis or a ``strided_slice`` of it on that axis (step 1): element
-  ``(b, j, 0, d)`` is ``row[b, 0, offset + j * D + d]`` (one token: the axes of length 1 move,
-  the elements keep their order);
+  a row [B, 1, N] along its last axis or a ``strided_slice`` of it on that axis (step 1), or the
+  row itself: element ``(b, j, 0, d)`` is ``row[b, 0, offset + j * D + d]`` (one token: the axes
+  of length 1 move, the elements keep their order);
+* a rotation: ``add(multiply(x, cos), multiply(concat([negative(x[.., D/2:D]), x[.., 0:D/2]],
+  axis=-1), sin))`` (any operand order of the adds and multiplies; the halves ``strided_slice``s
+  of the same view ``x`` on its last axis), cos and sin ``[1, .., 1, D]`` tensors of one float
+  dtype (any producer: the tables gathered at the position);
 * a cache write: ``scatter_nd(Kc, kidx, k4)`` that ``CacheSlotWrite`` makes a one-slot write along
   axis 2 (``match_slot_write``: indices ``[B, Hkv, 1, 3]`` or ``[B, Hkv, 3]``, components 0 and 1
-  proven to be (b, kv head)), ``Kc`` a parameter of the function, ``k4`` a view of the row;
-* K and V written from views of ONE row, of the cache's dtype, no cast between (q may be a view of
-  it or stay a tensor).
+  proven to be (b, kv head)), ``Kc`` a parameter of the function, ``k4`` a view of a row or its
+  rotation, ``v4`` a view (never rotated), of the cache's dtype, no cast between;
+* q a view of a row (GPT-2), or rotated by the same cos and sin tensors as k (Llama); where k is
+  not rotated and q is, or q is no view, q stays the graph's tensor (k rotated, q not: declined).
 
 A GQA repeat of the written cache is no obstacle: ``DecodeAttentionSplit`` already hands the
-partial the repeat's source (the scatter), and the row's k / v hold the kv heads (head h reads kv
+partial the repeat's source (the scatter), and the rows' k / v hold the kv heads (head h reads kv
 head ``h // (H / Hkv)``, at ``k_off + (h // (H / Hkv)) * D``). Declined (the call left as it is):
-anything else, e.g. a rotary embedding between the projection and the cache (Llama: k is no
-view), a ScatterElements write, casts inside the views. Input: Relax with high-level ops, after
-``DecodeAttentionSplit``, before ``SplitToSlices`` and ``CacheSlotWrite``. Output: the same
-computation.
+anything else, e.g. a ScatterElements write, casts inside the views or the rotation. Input: Relax
+with high-level ops, after ``DecodeAttentionSplit``, before ``SplitToSlices`` and
+``CacheSlotWrite``. Output: the same computation.
 """
 from __future__ import annotations
 

@@ -170,10 +170,11 @@ class RammerConfig:
         head instead of copying every cache (GPT-2 small fp32: 75.5 MB read and written per
         step). False: the copying form ``select(slot == position, update, cache)`` over the
         whole cache (the caller's caches are left unchanged).
-    attention_row: a decode attention whose q, k and v are views of one projection row (GPT-2's
-        fused QKV split into heads) reads them from that row, and its KV caches as they were
+    attention_row: a decode attention whose q, k and v are views of projection rows (GPT-2's
+        fused QKV split into heads; Llama's three projections, q and k rotated: the rotation then
+        computed in the attention) reads them from those rows, and its KV caches as they were
         beside their one-slot writes (``relay_passes.decode_attention_row``): it waits for the
-        projection only, not for the cache writes (one dependent step and barrier-rTask less per
+        projections only, not for the cache writes (one dependent step and barrier-rTask less per
         layer; the writes still happen, in place, beside it). False: it reads the written caches.
     weights: "embedded" (default): the model's weights are constants of the library. "apart": an
         ONNX model is imported with its initializers as parameters, the weight rewrites (batch
