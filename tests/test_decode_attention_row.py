@@ -368,3 +368,63 @@ def test_rotary_versions_match_numpy_over_the_rotated_written_caches():
     got = combine(part, p, np.full((b, h, 1, d), np.nan, np.float32))
     assert np.abs(got - want).max() > 1e-2
     assert np.abs(attend(versions[0][1], 6, sin, cos) - want).max() > 1e-2
+
+
+WARP_ROPE_SHAPES = [  # warp per slot (head dim a multiple of 32) with the rotation inside
+    DecodeAttentionShape(2, 4, 2, 16, 64, 4, 8.0, True, warps=2, q_row=4 * 64, k_row=2 * 64,
+                         v_row=2 * 64, rope_rank=3),                     # GQA, batch 2, fp32
+    DecodeAttentionShape(1, 4, 1, 16, 128, 4, 11.3, True, 1, "float16", "float16", "float16",
+                         warps=2, q_row=4 * 128, k_row=128, v_row=128, rope_rank=4,
+                         rope_dtype="float16"),                          # MQA, D 128, fp16
+]
+
+
+def test_warp_rotary_versions_match_numpy_on_the_cuda_emulator():
+    """The warp-per-slot partial (lane l holds dims l, l + 32, ...; each partner dim d +- D/2
+    read from the row) with the rotation inside, lowered for the H100 and run on the CPU emulator:
+    equal to numpy's attention of the rotated q over the caches written with the rotated k, at
+    the written slot and past it (fp32 <= 1e-5, fp16 <= 2e-2 of the result's scale). Control: q
+    taken unrotated differs."""
+    import shutil
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("the emulator builds kernels with a C++ compiler (none on PATH)")
+    from tvm_rammer.checks.emulator.versions import _build, _run
+    from tvm_rammer.target import resolve_target
+
+    funcs = {}
+    for i, shape in enumerate(WARP_ROPE_SHAPES):
+        assert partial_versions(shape)[0][0].startswith("decode_attention_w")
+        funcs.update({f"p{i}": partial_versions(shape)[0][1], f"c{i}": combine_func(shape)})
+    built = _build(funcs, resolve_target("rammer/nvidia-h100"), None)
+    for i, shape in enumerate(WARP_ROPE_SHAPES):
+        rng = np.random.default_rng(i)
+        b, h, kv, length, d = (shape.batch, shape.heads, shape.kv_heads, shape.max_len,
+                               shape.head_dim)
+        dtype = np.dtype(shape.kv_dtype)
+        qrow = rng.standard_normal((b, 1, h * d)).astype(dtype)
+        krow, vrow = (rng.standard_normal((b, 1, kv * d)).astype(dtype) for _ in range(2))
+        k, v = (rng.standard_normal((b, kv, length, d)).astype(dtype) for _ in range(2))
+        angle = rng.uniform(0, 3, d // 2)
+        cos = np.cos(np.concatenate([angle, angle])).reshape(shape.rope_shape).astype(
+            shape.rope_dtype)
+        sin = np.sin(np.concatenate([angle, angle])).reshape(shape.rope_shape).astype(
+            shape.rope_dtype)
+        idx = _indices(shape, [[6] * kv] * b)
+        c64, s64 = cos.astype(np.float64).reshape(d), sin.astype(np.float64).reshape(d)
+        plain_q = qrow.astype(np.float64).reshape(b, h, 1, d)
+        q = _rotated(plain_q, c64, s64)
+        kw, vw = k.astype(np.float64), v.astype(np.float64)
+        kw[:, :, 6] = _rotated(krow.astype(np.float64).reshape(b, kv, d), c64, s64)
+        vw[:, :, 6] = vrow.astype(np.float64).reshape(b, kv, d)
+        tolerance = 1e-5 if dtype == np.float32 else 2e-2
+        for p in (6, length - 1):
+            pos = np.array([p], np.int64)
+            part = _run(built, f"p{i}", [qrow, k, v, pos, krow, idx, vrow, idx, cos, sin, np.full(
+                (b, h, shape.chunks, d + 2), np.nan, np.float32)], 120)[-1]
+            out = _run(built, f"c{i}", [part, pos, np.full((b, h, 1, d), np.nan,
+                                                           shape.out_dtype)], 120)[-1]
+            want = reference(q, kw, vw, p, shape.scale, shape.divide)
+            scale = np.abs(want).max()
+            assert np.abs(out.astype(np.float64) - want).max() <= tolerance * scale, (i, p)
+            unrotated = reference(plain_q, kw, vw, p, shape.scale, shape.divide)
+            assert np.abs(out.astype(np.float64) - unrotated).max() > 10 * tolerance * scale
