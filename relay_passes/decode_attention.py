@@ -75,29 +75,16 @@ from tvm import relax
 from tir_templates.decode_attention import (KIND_ATTR, DecodeAttentionShape, chunk_for,
                                             combine_func, partial_func)
 
-from .known_values import static_shape
+from .known_values import is_op as _is_op
+from .known_values import static_dims as _shape
 from .unused_bindings import remove_unused_bindings
 
 __all__ = ["DecodeAttentionSplit", "chunk_to_fill"]
 
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
-    "matmul", "permute_dims", "divide", "multiply", "add", "where", "greater", "nn.softmax",
-    "reshape", "broadcast_to", "expand_dims", "astype")}
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 CONSTANT = tvm.ir.expr.Constant
 FLOATS = ("float32", "float16")
 MASK_MIN = {dtype: np.finfo(dtype).min for dtype in FLOATS}
-
-
-def _is_op(expr, name):
-    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-            and expr.op.same_as(_OPS[name]))
-
-
-def _shape(expr):
-    """Static dims of a tensor expr as a list of ints, or None."""
-    shape = static_shape(expr.ty)
-    return None if shape is None else list(shape)
 
 
 def _dtype(expr):
@@ -378,16 +365,17 @@ class _Folder(relax.PyExprMutator):
                                                               new.out_dtype))
 
 
-def _without_unused_combines(mod):
-    """``mod`` without the combine PrimFuncs no Relax function calls any more (a call anywhere in
-    the function: a branch of an ``If`` too)."""
+def without_uncalled(mod, kind: str):
+    """``mod`` without the PrimFuncs of ``kind`` ("partial" / "combine": their ``KIND_ATTR``)
+    that no Relax function calls any more (a call anywhere in the function: a branch of an
+    ``If`` too)."""
     called = set()
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             called.update(relax.analysis.all_global_vars(func))
     keep = {gv: f for gv, f in mod.functions_items()
             if gv in called or not isinstance(f, tvm.tirx.PrimFunc) or f.attrs is None
-            or f.attrs.get(KIND_ATTR, None) != "combine"}
+            or str(f.attrs.get(KIND_ATTR, "")) != kind}
     return tvm.IRModule(keep, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
@@ -428,4 +416,4 @@ class DecodeAttentionSplit:
                 if folder.folds:
                     mod = folder.builder_.get()
                     mod.update_func(gv, remove_unused_bindings(new))
-        return _without_unused_combines(mod)
+        return without_uncalled(mod, "combine")

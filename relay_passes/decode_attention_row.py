@@ -60,27 +60,15 @@ from tvm import relax
 from tir_templates.decode_attention import KIND_ATTR, DecodeAttentionShape, partial_func
 
 from .cache_write import BESIDE_WRITE_ATTR, match_slot_write
-from .known_values import static_shape
+from .decode_attention import without_uncalled
+from .known_values import is_op as _is_op
+from .known_values import static_dims as _shape
 from .unused_bindings import remove_unused_bindings
 
 __all__ = ["DecodeAttentionStepRow"]
 
 _PARAMS_ATTR = "rammer.decode_attention_params"
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
-    "permute_dims", "reshape", "split", "strided_slice", "scatter_nd", "add", "multiply",
-    "concat", "negative")}
-
-
-def _is_op(expr, name):
-    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-            and expr.op.same_as(_OPS[name]))
-
-
-def _shape(expr):
-    shape = static_shape(expr.ty)
-    return None if shape is None else list(shape)
-
 
 def _ints(values):
     """Ints of a Relax Tuple of PrimValues / an Array of IntImms, or None when one is symbolic."""
@@ -311,16 +299,5 @@ class DecodeAttentionStepRow:
             if rewriter.rewrites > before:
                 rewriter.builder_.update_func(gv, remove_unused_bindings(new))
                 changed = True
-        return _without_uncalled_partials(rewriter.builder_.get()) if changed else mod
+        return without_uncalled(rewriter.builder_.get(), "partial") if changed else mod
 
-
-def _without_uncalled_partials(mod):
-    """``mod`` without the partial PrimFuncs no Relax function calls any more (those replaced)."""
-    called = set()
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            called.update(relax.analysis.all_global_vars(func))
-    keep = {gv: f for gv, f in mod.functions_items()
-            if gv in called or not isinstance(f, tvm.tirx.PrimFunc) or f.attrs is None
-            or str(f.attrs.get(KIND_ATTR, "")) != "partial"}
-    return tvm.IRModule(keep, attrs=mod.attrs, global_infos=mod.global_infos)

@@ -25,6 +25,18 @@ from tvm import relax, tirx
 _MAX_ELEMENTS = 1 << 16  # index tensors are small; a bigger tensor is not traced
 
 
+def is_op(expr, name: str) -> bool:
+    """Whether ``expr`` is a call of the Relax operator ``relax.<name>``."""
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.same_as(tvm.ir.Op.get(f"relax.{name}")))
+
+
+def static_dims(expr):
+    """A tensor expression's static dims as a list of ints, or None."""
+    shape = static_shape(expr.ty)
+    return None if shape is None else list(shape)
+
+
 def static_shape(ty):
     """The tensor type's dims as ints, or None when not a tensor of static shape."""
     shape = getattr(ty, "shape", None)

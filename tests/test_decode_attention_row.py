@@ -11,13 +11,13 @@ import tvm
 from tvm import relax, tirx
 
 import onnx_builders as ob
+from test_decode_attention import _Cpu  # one PrimFunc built for llvm, threads serial
 from relay_passes.cache_write import BESIDE_WRITE_ATTR, CacheSlotWrite, beside_write_params
 from relay_passes.dataflow_graph import DataflowGraph
 from relay_passes.decode_attention import DecodeAttentionSplit
 from relay_passes.decode_attention_row import DecodeAttentionStepRow
 from tir_templates.decode_attention import (DecodeAttentionShape, combine_func, partial_versions,
                                             reference)
-from tir_templates.serial_run import serial_threads
 from tvm_rammer.models import REDUCED, get_model
 
 SHAPE = DecodeAttentionShape(2, 4, 2, 16, 8, 4, 4.0, True)  # GQA, chunks pair up
@@ -173,19 +173,6 @@ def test_the_dataflow_graph_places_the_write_beside_its_reader():
     graph = DataflowGraph.of_main(mod)
     writes = [n for n in graph.nodes if n.kind == "call_tir_inplace"]
     assert writes and all("read elsewhere" in n.reason for n in writes)
-
-
-class _Cpu:
-    """One PrimFunc built once for llvm (thread loops serial), called on copies of arrays."""
-
-    def __init__(self, func):
-        mod = tvm.IRModule({"main": serial_threads(func).with_attr("global_symbol", "main")})
-        self.run = tvm.compile(mod, target="llvm")["main"]
-
-    def __call__(self, *arrays):
-        args = [tvm.runtime.tensor(np.array(a, copy=True)) for a in arrays]
-        self.run(*args)
-        return args[-1].numpy()
 
 
 def _case(shape, seed=0):

@@ -165,6 +165,24 @@ def _us(v) -> str:
     return f"{v:,.1f}" if isinstance(v, (int, float)) else "-"
 
 
+
+def _against_nocheck(rows: list, title: str, columns: list, variants: tuple) -> list:
+    """Markdown lines of a table of ``rows`` (models): the ``--no-unmeasured-check`` build's
+    latency, each of ``variants``', and the gain (the last variant's latency over the build's;
+    '-' where either is missing); [] without rows."""
+    if not rows:
+        return []
+    out = ["", title, "", "| model | " + " | ".join(columns) + " |",
+           "|---" * (len(columns) + 1) + "|"]
+    for r in rows:
+        lat = r["latency_us"]
+        base, last = lat.get("rammer_nocheck"), lat.get(variants[-1])
+        gain = last / base if last and base else None
+        cells = [_us(lat.get(v)) for v in ("rammer_nocheck", *variants)]
+        out.append(f"| {model_label(r)} | " + " | ".join(cells)
+                   + f" | {f'{gain:.2f}x' if gain else '-'} |")
+    return out
+
 def format_markdown(summary: dict) -> str:
     dev = summary["device"]
     lines = [f"# GPU lease {summary['date']}, commit {summary['commit']}", "",
@@ -191,35 +209,22 @@ def format_markdown(summary: dict) -> str:
             f"{f'{st:.2f}x' if st else '-'} | "
             f"{(lambda e: f'{e:.1e}' if e is not None else '-')(r['rel_err'].get('rammer'))} | "
             f"{'yes' if ok else ('-' if ok is None else '**NO**')} |")
-    prefetch = [r for r in summary["models"]
-                if any(r["latency_us"].get(v) for v in ("lookahead1", "prefetch_off"))]
-    if prefetch:
-        lines += ["", "## Weights prefetched across barriers (issue 34): the same decode step's "
-                  "rProgram with the prefetch issued up to 4 barriers early (tvm-rammer's "
-                  "default), at the barrier right before its reader only, and with none", "",
-                  "| model | lookahead 4 (rammer --no-unmeasured-check) | lookahead 1 | "
-                  "no prefetch | prefetch's gain |", "|---|---|---|---|---|"]
-        for r in prefetch:
-            lat = r["latency_us"]
-            gain = (lat["prefetch_off"] / lat["rammer_nocheck"]
-                    if lat.get("prefetch_off") and lat.get("rammer_nocheck") else None)
-            lines.append(f"| {model_label(r)} | {_us(lat.get('rammer_nocheck'))} | "
-                         f"{_us(lat.get('lookahead1'))} | {_us(lat.get('prefetch_off'))} | "
-                         f"{f'{gain:.2f}x' if gain else '-'} |")
-    row = [r for r in summary["models"]
-           if r["latency_us"].get("after_writes") or "after_writes" in r["errors"]]
-    if row:
-        lines += ["", "## Attention beside the cache writes (issue 34): the decode attention "
-                  "reading q, k, v from the QKV row and the caches beside their one-slot writes "
-                  "(tvm-rammer's default), and after the writes (`--no-attention-row`)", "",
-                  "| model | beside the writes (rammer --no-unmeasured-check) | after the writes | "
-                  "gain |", "|---|---|---|---|"]
-        for r in row:
-            lat = r["latency_us"]
-            gain = (lat["after_writes"] / lat["rammer_nocheck"]
-                    if lat.get("after_writes") and lat.get("rammer_nocheck") else None)
-            lines.append(f"| {model_label(r)} | {_us(lat.get('rammer_nocheck'))} | "
-                         f"{_us(lat.get('after_writes'))} | {f'{gain:.2f}x' if gain else '-'} |")
+    lines += _against_nocheck(
+        [r for r in summary["models"]
+         if any(r["latency_us"].get(v) for v in ("lookahead1", "prefetch_off"))],
+        "## Weights prefetched across barriers (issue 34): the same decode step's rProgram with "
+        "the prefetch issued up to 4 barriers early (tvm-rammer's default), at the barrier right "
+        "before its reader only, and with none",
+        ["lookahead 4 (rammer --no-unmeasured-check)", "lookahead 1", "no prefetch",
+         "prefetch's gain"], ("lookahead1", "prefetch_off"))
+    lines += _against_nocheck(
+        [r for r in summary["models"]
+         if r["latency_us"].get("after_writes") or "after_writes" in r["errors"]],
+        "## Attention beside the cache writes (issue 34): the decode attention reading q, k, v "
+        "from the QKV row and the caches beside their one-slot writes (tvm-rammer's default), and "
+        "after the writes (`--no-attention-row`)",
+        ["beside the writes (rammer --no-unmeasured-check)", "after the writes", "gain"],
+        ("after_writes",))
     problems = [(r["model"], k, e) for r in summary["models"] for k, e in r["errors"].items()]
     if problems:
         lines += ["", "Errors:", ""] + [f"- {m} {k}: {e}" for m, k, e in problems]
