@@ -221,8 +221,8 @@ def format_markdown(summary: dict) -> str:
         [r for r in summary["models"]
          if r["latency_us"].get("after_writes") or "after_writes" in r["errors"]],
         "## Attention beside the cache writes (issue 34): the decode attention reading q, k, v "
-        "from the QKV row and the caches beside their one-slot writes (tvm-rammer's default), and "
-        "after the writes (`--no-attention-row`)",
+        "from the projections' rows and the caches beside their one-slot writes (tvm-rammer's "
+        "default), and after the writes (`--no-attention-row`)",
         ["beside the writes (rammer --no-unmeasured-check)", "after the writes", "gain"],
         ("after_writes",))
     problems = [(r["model"], k, e) for r in summary["models"] for k, e in r["errors"].items()]
