@@ -57,29 +57,18 @@ import dataclasses
 import tvm
 from tvm import relax
 
-from tir_templates.decode_attention import KIND_ATTR, DecodeAttentionShape, partial_func
+from tir_templates.decode_attention import WRITTEN_CACHE_PARAMS, made_here, partial_func
 
 from .cache_write import BESIDE_WRITE_ATTR, match_slot_write
 from .decode_attention import without_uncalled
+from .known_values import int_values as _ints
 from .known_values import is_op as _is_op
 from .known_values import static_dims as _shape
 from .unused_bindings import remove_unused_bindings
 
 __all__ = ["DecodeAttentionStepRow"]
 
-_PARAMS_ATTR = "rammer.decode_attention_params"
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-
-def _ints(values):
-    """Ints of a Relax Tuple of PrimValues / an Array of IntImms, or None when one is symbolic."""
-    items = getattr(values, "fields", values)
-    out = []
-    for item in items:
-        value = getattr(item, "value", item)
-        if not isinstance(value, (int, tvm.tirx.IntImm)):
-            return None
-        out.append(int(value))
-    return out
 
 
 @relax.expr_functor.mutator
@@ -244,13 +233,10 @@ class _Rewriter(relax.PyExprMutator):
                 and isinstance(call.args[0], tvm.ir.GlobalVar)
                 and call.args[0] in self.mod.functions and len(call.args[1].fields) == 4):
             return call
-        func = self.mod[call.args[0]]
-        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None \
-                or str(func.attrs.get(KIND_ATTR, "")) != "partial":
+        found = made_here(self.mod[call.args[0]])
+        if found is None or found[0] != "partial" or found[1].k_row or found[1].q_row:
             return call
-        shape = DecodeAttentionShape.decode(func.attrs[_PARAMS_ATTR])
-        if shape.k_row or shape.q_row:
-            return call
+        shape = found[1]
         q, k, v, pos = call.args[1].fields
         kw, vw = self._write(k, shape), self._write(v, shape)
         if kw is None or vw is None or vw[5] is not None or kw[4] != vw[4] \
@@ -274,7 +260,7 @@ class _Rewriter(relax.PyExprMutator):
             fields.update(q_row=_shape(q)[2], q_off=q_source[1])
         new = dataclasses.replace(shape, **fields)
         gv = self.builder_.add_func(
-            partial_func(new).with_attr(BESIDE_WRITE_ATTR, [[1, 5], [2, 7]]),
+            partial_func(new).with_attr(BESIDE_WRITE_ATTR, [list(p) for p in WRITTEN_CACHE_PARAMS]),
             "decode_attention_partial")
         self.rewrites += 1
         args = [q, kw[0], vw[0], pos, kw[2], kw[1], vw[2], vw[1], *(rope or ())]

@@ -47,7 +47,7 @@ def static_shape(ty):
     return tuple(int(v.value) for v in shape.values)
 
 
-def _ints(tuple_expr):
+def int_values(tuple_expr):
     """A relax Tuple / ShapeExpr / list of PrimValue or IntImm -> list of ints (None if symbolic)."""
     items = getattr(tuple_expr, "fields", None) or getattr(tuple_expr, "values", None)
     if items is None:
@@ -118,7 +118,7 @@ _ARITH = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.less": np.l
 def _call(call, known):  # pylint: disable=too-many-return-statements
     name = call.op.name
     if name == "relax.shape_to_tensor":
-        dims = _ints(call.args[0].ty.values) if isinstance(call.args[0].ty, relax.ShapeType) \
+        dims = int_values(call.args[0].ty.values) if isinstance(call.args[0].ty, relax.ShapeType) \
             and call.args[0].ty.values is not None else None
         if dims is None:
             return None
@@ -162,8 +162,8 @@ def _layout(call, name, shape, known):
         axes = None if call.attrs.axes is None else [int(x) for x in call.attrs.axes]
         return tuple(np.transpose(x, axes) for x in a)
     if name == "relax.strided_slice" and len(call.args) >= 4:
-        axes, begin, end = (_ints(call.args[i]) for i in (1, 2, 3))
-        strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or [])
+        axes, begin, end = (int_values(call.args[i]) for i in (1, 2, 3))
+        strides = int_values(call.args[4]) if len(call.args) > 4 else [1] * len(axes or [])
         if None in (axes, begin, end, strides):
             return None
         index = [slice(None)] * a[0].ndim

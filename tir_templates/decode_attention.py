@@ -16,6 +16,13 @@ rOperators, the second reading what the first writes:
    (it writes the empty state ``m = finfo.min, l = 0, acc = 0``). A negative position (every slot
    masked in the graph: all scores ``finfo.min``, a uniform softmax) attends to all ``L`` slots
    with the scores 0, which is what the masked graph computes.
+   With ``q_row`` / ``k_row`` / ``v_row`` (``relay_passes.decode_attention_row``) the parameters are
+   ``(q, K, V, pos, krow, kidx, vrow, vidx[, cos, sin])``: q read from a row ``[B, 1, q_row]`` at
+   ``q_off``, the caches as they were before the step's one-slot writes, and at the slot
+   ``kidx`` / ``vidx`` name (normalized as the write normalizes it) the rows' k (``k_off``) and v
+   (``v_off``) instead; with ``rope_rank`` q and that k rotated by HF's rotary embedding with
+   ``cos`` / ``sin`` ``[1, .., 1, D]`` (:data:`WRITTEN_CACHE_PARAMS`: the caches' and indices'
+   positions).
 2. :func:`combine_func` ``(part, pos) -> out [B, H, 1, D]`` of ``out_dtype`` (computed in
    float32, rounded once at the store): ``M = max m_c``,
    ``out[d] = sum_c acc_c[d] exp(m_c - M) / sum_c l_c exp(m_c - M)`` over the chunks that hold
@@ -66,8 +73,8 @@ from tvm.script import tirx as T
 
 __all__ = ["DecodeAttentionShape", "KIND_ATTR", "chunk_for", "partial_func", "warp_partial_func",
            "thread_partial_func", "combine_func", "warp_combine_func", "thread_combine_func",
-           "combine_warps", "partial_versions", "combine_versions", "schedule_of",
-           "DecodeAttentionRule", "reference"]
+           "combine_warps", "partial_versions", "combine_versions", "schedule_of", "made_here",
+           "WRITTEN_CACHE_PARAMS", "DecodeAttentionRule", "reference"]
 
 FLOATS = ("float32", "float16")  # what q, K, V and out may be
 KIND_ATTR = "rammer.decode_attention"  # "partial" / "combine": the functions made here
@@ -237,6 +244,7 @@ def _slot_threads(shape) -> tuple:
 
 ROW_PARAMS = ("krow", "kidx", "vrow", "vidx")  # the partial's parameters that only ``k_row`` has
 ROPE_PARAMS = ("cos", "sin")  # the partial's parameters that only ``rope_rank`` has
+WRITTEN_CACHE_PARAMS = ((1, 5), (2, 7))  # with ``k_row``: (cache, its write's indices) positions
 
 
 def _rope(shape, x, cos, sin, d):
@@ -712,14 +720,23 @@ def combine_versions(shape: DecodeAttentionShape) -> list:
                     for t in (128, 64, 32) if t == 32 or t <= shape.head_dim]
 
 
+def made_here(func):
+    """``(kind, shape)`` of a function made here (kind "partial" or "combine"), else None."""
+    attrs = getattr(func, "attrs", None)
+    kind = attrs.get(KIND_ATTR, None) if attrs is not None else None
+    if kind is None:
+        return None
+    return str(kind), DecodeAttentionShape.decode(attrs[_PARAMS_ATTR])
+
+
 def schedule_of(func) -> list:
     """The variants of a function made here (its kind's :func:`partial_versions` or
     :func:`combine_versions`), or [] for any other function."""
-    kind = func.attrs.get(KIND_ATTR, None) if func.attrs is not None else None
-    if kind is None:
+    found = made_here(func)
+    if found is None:
         return []
-    shape = DecodeAttentionShape.decode(func.attrs[_PARAMS_ATTR])
-    return partial_versions(shape) if str(kind) == "partial" else combine_versions(shape)
+    kind, shape = found
+    return partial_versions(shape) if kind == "partial" else combine_versions(shape)
 
 
 def reference(q, k, v, pos, scale, divide):

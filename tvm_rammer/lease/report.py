@@ -165,7 +165,6 @@ def _us(v) -> str:
     return f"{v:,.1f}" if isinstance(v, (int, float)) else "-"
 
 
-
 def _against_nocheck(rows: list, title: str, columns: list, variants: tuple) -> list:
     """Markdown lines of a table of ``rows`` (models): the ``--no-unmeasured-check`` build's
     latency, each of ``variants``', and the gain (the last variant's latency over the build's;
@@ -182,6 +181,7 @@ def _against_nocheck(rows: list, title: str, columns: list, variants: tuple) -> 
         out.append(f"| {model_label(r)} | " + " | ".join(cells)
                    + f" | {f'{gain:.2f}x' if gain else '-'} |")
     return out
+
 
 def format_markdown(summary: dict) -> str:
     dev = summary["device"]
